@@ -1,0 +1,170 @@
+#include "api/validate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/layout.hpp"
+
+namespace flashattn {
+
+ImplLimits impl_limits(fa_impl impl) {
+  switch (impl) {
+    case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true};
+    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true};
+    case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true};
+    case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false};
+    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false};
+    case FA_IMPL_CUDA_SM90: return {256, false, true, true, false, false};
+    default: return {0, false, false, false, false, false};
+  }
+}
+
+namespace {
+
+// Byte range [begin, end) a strided tensor can touch; empty when it has no element.
+struct Extent {
+  uintptr_t begin = 0, end = 0;
+  bool empty() const { return end <= begin; }
+  bool overlaps(const Extent& o) const { return !empty() && !o.empty() && begin < o.end && o.begin < end; }
+};
+
+Extent extent(const void* data, int64_t batch, int64_t batch_stride, int64_t rows, int64_t row_stride, int64_t heads,
+              int64_t head_stride, int64_t head_dim, size_t elem) {
+  if (!data || batch <= 0 || rows <= 0 || heads <= 0 || head_dim <= 0) return {};
+  int64_t last = (batch - 1) * batch_stride + (rows - 1) * row_stride + (heads - 1) * head_stride + head_dim - 1;
+  auto b = reinterpret_cast<uintptr_t>(data);
+  return {b, b + uintptr_t(last + 1) * elem};
+}
+
+Status check_strides(const char* name, int64_t bs, int64_t rs, int64_t hs) {
+  if (bs < 0) return invalid("%s_batch_stride must be >= 0 (got %lld)", name, (long long)bs);
+  if (rs < 0) return invalid("%s_row_stride must be >= 0 (got %lld)", name, (long long)rs);
+  if (hs < 0) return invalid("%s_head_stride must be >= 0 (got %lld)", name, (long long)hs);
+  return {};
+}
+
+Status check_cu_seqlens(const char* name, const int32_t* cu, int32_t batch, int64_t total, int32_t max_len) {
+  if (cu[0] != 0) return invalid("%s[0] must be 0 (got %d)", name, cu[0]);
+  for (int32_t b = 0; b < batch; ++b) {
+    int64_t len = int64_t(cu[b + 1]) - cu[b];
+    if (len < 0) return invalid("%s must be non-decreasing (%s[%d] = %d > %s[%d] = %d)", name, name, b, cu[b], name, b + 1, cu[b + 1]);
+    if (len > max_len)
+      return invalid("%s: sequence %d has length %lld, longer than the max seqlen %d given", name, b, (long long)len, max_len);
+  }
+  if (cu[batch] != total) return invalid("%s[batch] = %d must equal its total (%lld)", name, cu[batch], (long long)total);
+  return {};
+}
+
+}  // namespace
+
+Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
+  if (!pp) return invalid("params: null pointer");
+  const fa_params& p = *pp;
+  ImplLimits lim = impl_limits(impl);
+  if (lim.max_head_dim == 0) return invalid("impl: unknown implementation %d", int(impl));
+  if (pass == Pass::Backward && !lim.backward) return unsupported("impl: %s has no backward pass", fa_impl_name(impl));
+
+  if (p.batch < 0) return invalid("batch must be >= 0 (got %d)", p.batch);
+  if (p.seqlen_q < 0) return invalid("seqlen_q must be >= 0 (got %d)", p.seqlen_q);
+  if (p.seqlen_k < 0) return invalid("seqlen_k must be >= 0 (got %d)", p.seqlen_k);
+  if (p.num_heads <= 0) return invalid("num_heads must be > 0 (got %d)", p.num_heads);
+  if (p.num_heads_kv <= 0) return invalid("num_heads_kv must be > 0 (got %d)", p.num_heads_kv);
+  if (p.num_heads % p.num_heads_kv != 0)
+    return invalid("num_heads (%d) must be a multiple of num_heads_kv (%d)", p.num_heads, p.num_heads_kv);
+  if (p.head_dim <= 0) return invalid("head_dim must be > 0 (got %d)", p.head_dim);
+  if (p.head_dim > lim.max_head_dim)
+    return unsupported("head_dim %d exceeds the maximum of %s (%d)", p.head_dim, fa_impl_name(impl), lim.max_head_dim);
+  if (p.dtype != FA_FLOAT32 && p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16)
+    return invalid("dtype: unknown value %d", int(p.dtype));
+  bool has_dtype = p.dtype == FA_FLOAT32 ? lim.fp32 : p.dtype == FA_FLOAT16 ? lim.fp16 : lim.bf16;
+  if (!has_dtype) return unsupported("dtype %s is not supported by %s", fa_dtype_name(p.dtype), fa_impl_name(impl));
+  if (!std::isfinite(p.softmax_scale)) return invalid("softmax_scale must be finite (got %g)", double(p.softmax_scale));
+  if (!std::isfinite(p.softcap) || p.softcap < 0) return invalid("softcap must be finite and >= 0 (got %g)", double(p.softcap));
+  if (p.window_left < -1) return invalid("window_left must be >= -1 (got %d)", p.window_left);
+  if (p.window_right < -1) return invalid("window_right must be >= -1 (got %d)", p.window_right);
+  if (p.num_threads < 0) return invalid("num_threads must be >= 0 (got %d)", p.num_threads);
+  if (p.cpu_cache_bytes < 0) return invalid("cpu_cache_bytes must be >= 0 (got %lld)", (long long)p.cpu_cache_bytes);
+  if (p.num_splits < 0) return invalid("num_splits must be >= 0 (got %d)", p.num_splits);
+
+  const bool varlen = p.cu_seqlens_q || p.cu_seqlens_k;
+  if (varlen) {
+    if (!p.cu_seqlens_q) return invalid("cu_seqlens_q is null while cu_seqlens_k is set (varlen needs both)");
+    if (!p.cu_seqlens_k) return invalid("cu_seqlens_k is null while cu_seqlens_q is set (varlen needs both)");
+    if (p.total_q < 0) return invalid("total_q must be >= 0 (got %lld)", (long long)p.total_q);
+    if (p.total_k < 0) return invalid("total_k must be >= 0 (got %lld)", (long long)p.total_k);
+  }
+  if (p.batch == 0) return {};
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  const int64_t nbatch = varlen ? 1 : p.batch;
+  const bool any_q = rows_q > 0, any_k = rows_k > 0;
+
+  // Pointers: a tensor with no element may be null.
+  if (any_q && !p.q) return invalid("q is a null pointer");
+  if (any_k && !p.k) return invalid("k is a null pointer");
+  if (any_k && !p.v) return invalid("v is a null pointer");
+  if (any_q && !p.o) return invalid("o is a null pointer");
+  if (pass == Pass::Backward) {
+    if (any_q && !p.lse) return invalid("lse is a null pointer (the backward pass needs the forward's lse)");
+    if (any_q && !p.dout) return invalid("dout is a null pointer");
+    if (any_q && !p.dq) return invalid("dq is a null pointer");
+    if (any_k && !p.dk) return invalid("dk is a null pointer");
+    if (any_k && !p.dv) return invalid("dv is a null pointer");
+  }
+  FA_RETURN_IF_ERROR(check_strides("q", p.q_batch_stride, p.q_row_stride, p.q_head_stride));
+  FA_RETURN_IF_ERROR(check_strides("k", p.k_batch_stride, p.k_row_stride, p.k_head_stride));
+  FA_RETURN_IF_ERROR(check_strides("v", p.v_batch_stride, p.v_row_stride, p.v_head_stride));
+  FA_RETURN_IF_ERROR(check_strides("o", p.o_batch_stride, p.o_row_stride, p.o_head_stride));
+  if (pass == Pass::Backward) {
+    FA_RETURN_IF_ERROR(check_strides("do", p.do_batch_stride, p.do_row_stride, p.do_head_stride));
+    FA_RETURN_IF_ERROR(check_strides("dq", p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride));
+    FA_RETURN_IF_ERROR(check_strides("dk", p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride));
+    FA_RETURN_IF_ERROR(check_strides("dv", p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride));
+  }
+  if (varlen && lim.host_memory) {
+    FA_RETURN_IF_ERROR(check_cu_seqlens("cu_seqlens_q", p.cu_seqlens_q, p.batch, p.total_q, p.seqlen_q));
+    FA_RETURN_IF_ERROR(check_cu_seqlens("cu_seqlens_k", p.cu_seqlens_k, p.batch, p.total_k, p.seqlen_k));
+  }
+
+  // Outputs must not overlap inputs or each other.
+  const size_t es = dtype_size(p.dtype);
+  const int64_t d = p.head_dim, h = p.num_heads, hk = p.num_heads_kv;
+  struct Named {
+    const char* name;
+    Extent e;
+  };
+  auto ext = [&](const char* name, const void* data, int64_t bs, int64_t rows, int64_t rs, int64_t heads, int64_t hs) {
+    return Named{name, extent(data, nbatch, bs, rows, rs, heads, hs, d, es)};
+  };
+  Named lse{"lse", {}};
+  if (p.lse && any_q) {
+    auto b = reinterpret_cast<uintptr_t>(p.lse);
+    lse.e = {b, b + uintptr_t(nbatch * h * rows_q) * sizeof(float)};
+  }
+  std::vector<Named> inputs = {ext("q", p.q, p.q_batch_stride, rows_q, p.q_row_stride, h, p.q_head_stride),
+                               ext("k", p.k, p.k_batch_stride, rows_k, p.k_row_stride, hk, p.k_head_stride),
+                               ext("v", p.v, p.v_batch_stride, rows_k, p.v_row_stride, hk, p.v_head_stride)};
+  std::vector<Named> outputs;
+  if (pass == Pass::Forward) {
+    outputs = {ext("o", p.o, p.o_batch_stride, rows_q, p.o_row_stride, h, p.o_head_stride), lse};
+  } else {
+    inputs.push_back(ext("o", p.o, p.o_batch_stride, rows_q, p.o_row_stride, h, p.o_head_stride));
+    inputs.push_back(ext("dout", p.dout, p.do_batch_stride, rows_q, p.do_row_stride, h, p.do_head_stride));
+    inputs.push_back(lse);
+    outputs = {ext("dq", p.dq, p.dq_batch_stride, rows_q, p.dq_row_stride, h, p.dq_head_stride),
+               ext("dk", p.dk, p.dk_batch_stride, rows_k, p.dk_row_stride, hk, p.dk_head_stride),
+               ext("dv", p.dv, p.dv_batch_stride, rows_k, p.dv_row_stride, hk, p.dv_head_stride)};
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (const Named& in : inputs)
+      if (outputs[i].e.overlaps(in.e)) return invalid("%s overlaps %s in memory (outputs must not alias inputs)", outputs[i].name, in.name);
+    for (size_t j = i + 1; j < outputs.size(); ++j)
+      if (outputs[i].e.overlaps(outputs[j].e)) return invalid("%s overlaps %s in memory", outputs[i].name, outputs[j].name);
+  }
+  return {};
+}
+
+}  // namespace flashattn

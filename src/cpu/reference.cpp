@@ -1,0 +1,185 @@
+// Standard attention, materializing S and P per (batch, head), accumulating in double.
+// This is the oracle: every other implementation, CUDA included, is tested against it.
+//
+//   S = scale * Q K^T            (seqlen_q, seqlen_k); softcap: S = c * tanh(S / c)
+//   P = softmax(S) over visible keys; O = P V; lse = log(sum_j exp(S_ij))
+//   backward: dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P * dP)), dQ = dS K * scale', dK = dS^T Q * scale'
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/layout.hpp"
+#include "common/mask.hpp"
+#include "cpu/cpu_backend.hpp"
+
+namespace flashattn::cpu {
+namespace {
+
+struct HeadProblem {
+  const fa_params& p;
+  Sequence seq;
+  int head, head_kv;
+  Mask mask;
+  double scale;
+
+  HeadProblem(const fa_params& params, int b, int h)
+      : p(params), seq(sequence(params, b)), head(h), head_kv(h / (params.num_heads / params.num_heads_kv)),
+        mask(seq.seqlen_q, seq.seqlen_k, params.causal != 0, params.window_left, params.window_right),
+        scale(effective_scale(params)) {}
+
+  std::vector<double> load(const TensorRef& t, bool q_side, int rows, int h) const {
+    std::vector<double> m(size_t(rows) * p.head_dim);
+    for (int i = 0; i < rows; ++i) {
+      int64_t off = row_offset(p, t, seq, q_side, i, h);
+      for (int c = 0; c < p.head_dim; ++c) m[size_t(i) * p.head_dim + c] = load_element(t.data, off + c, p.dtype);
+    }
+    return m;
+  }
+
+  // Scores S (after scale and softcap; -inf where masked) and, for the backward, the softcap
+  // derivative dS/dS_raw per entry.
+  void scores(const std::vector<double>& q, const std::vector<double>& k, std::vector<double>& s,
+              std::vector<double>* dcap) const {
+    const int sq = seq.seqlen_q, sk = seq.seqlen_k, d = p.head_dim;
+    s.assign(size_t(sq) * sk, -std::numeric_limits<double>::infinity());
+    if (dcap) dcap->assign(size_t(sq) * sk, 0.0);
+    for (int i = 0; i < sq; ++i) {
+      for (int64_t j = mask.key_begin(i); j < mask.key_end(i); ++j) {
+        double acc = 0;
+        for (int c = 0; c < d; ++c) acc += q[size_t(i) * d + c] * k[size_t(j) * d + c];
+        double x = acc * scale;
+        if (p.softcap > 0) {
+          double t = std::tanh(x / p.softcap);
+          x = p.softcap * t;
+          if (dcap) (*dcap)[size_t(i) * sk + j] = scale * (1 - t * t);
+        } else if (dcap) {
+          (*dcap)[size_t(i) * sk + j] = scale;
+        }
+        s[size_t(i) * sk + j] = x;
+      }
+    }
+  }
+
+  // In place: S -> P; returns the lse per row (-inf for a fully masked row, whose P row is 0).
+  std::vector<double> softmax(std::vector<double>& s) const {
+    const int sq = seq.seqlen_q, sk = seq.seqlen_k;
+    std::vector<double> lse(sq, -std::numeric_limits<double>::infinity());
+    for (int i = 0; i < sq; ++i) {
+      double* row = s.data() + size_t(i) * sk;
+      double m = -std::numeric_limits<double>::infinity();
+      for (int j = 0; j < sk; ++j) m = std::max(m, row[j]);
+      if (m == -std::numeric_limits<double>::infinity()) {
+        for (int j = 0; j < sk; ++j) row[j] = 0;
+        continue;
+      }
+      double l = 0;
+      for (int j = 0; j < sk; ++j) l += (row[j] = std::exp(row[j] - m));
+      for (int j = 0; j < sk; ++j) row[j] /= l;
+      lse[i] = m + std::log(l);
+    }
+    return lse;
+  }
+};
+
+template <class Fn>
+void for_each_batch_head(const fa_params& p, Fn fn) {
+  const int nb = p.batch, nh = p.num_heads;
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < nb; ++b)
+    for (int h = 0; h < nh; ++h) fn(b, h);
+}
+
+}  // namespace
+
+Status reference_forward(const fa_params& p) {
+  for_each_batch_head(p, [&](int b, int h) {
+    HeadProblem hp(p, b, h);
+    const int sq = hp.seq.seqlen_q, sk = hp.seq.seqlen_k, d = p.head_dim;
+    if (sq == 0) return;
+    auto q = hp.load(q_ref(p), true, sq, h);
+    auto k = hp.load(k_ref(p), false, sk, hp.head_kv);
+    auto v = hp.load(v_ref(p), false, sk, hp.head_kv);
+    std::vector<double> s;
+    hp.scores(q, k, s, nullptr);
+    auto lse = hp.softmax(s);
+    auto o = o_ref(p);
+    std::vector<double> orow(d);
+    for (int i = 0; i < sq; ++i) {
+      std::fill(orow.begin(), orow.end(), 0.0);
+      for (int j = 0; j < sk; ++j) {
+        double pij = s[size_t(i) * sk + j];
+        if (pij == 0) continue;
+        for (int c = 0; c < d; ++c) orow[c] += pij * v[size_t(j) * d + c];
+      }
+      int64_t off = row_offset(p, o, hp.seq, true, i, h);
+      for (int c = 0; c < d; ++c) store_element(p.o, off + c, float(orow[c]), p.dtype);
+      if (p.lse) p.lse[lse_index(p, hp.seq, i, h)] = float(lse[i]);
+    }
+  });
+  return {};
+}
+
+Status reference_backward(const fa_params& p) {
+  const int group = p.num_heads / p.num_heads_kv;
+  // dK, dV sum over the query heads of a group: run a kv head's whole group in one task.
+  const int nb = p.batch, nhk = p.num_heads_kv;
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < nb; ++b) {
+    for (int hk = 0; hk < nhk; ++hk) {
+      Sequence seq = sequence(p, b);
+      const int sq = seq.seqlen_q, sk = seq.seqlen_k, d = p.head_dim;
+      std::vector<double> dk(size_t(sk) * d, 0.0), dv(size_t(sk) * d, 0.0);
+      for (int h = hk * group; h < (hk + 1) * group && sq > 0; ++h) {
+        HeadProblem hp(p, b, h);
+        auto q = hp.load(q_ref(p), true, sq, h);
+        auto k = hp.load(k_ref(p), false, sk, hk);
+        auto v = hp.load(v_ref(p), false, sk, hk);
+        auto dout = hp.load(do_ref(p), true, sq, h);
+        std::vector<double> s, dcap;
+        hp.scores(q, k, s, &dcap);
+        hp.softmax(s);  // s now holds P
+        std::vector<double> dq(size_t(sq) * d, 0.0);
+        for (int i = 0; i < sq; ++i) {
+          // dP_ij = dO_i . V_j ; D_i = sum_j P_ij dP_ij ; dS_ij = P_ij (dP_ij - D_i)
+          std::vector<double> dp(sk, 0.0);
+          double D = 0;
+          for (int j = 0; j < sk; ++j) {
+            double pij = s[size_t(i) * sk + j];
+            if (pij == 0) continue;
+            double acc = 0;
+            for (int c = 0; c < d; ++c) acc += dout[size_t(i) * d + c] * v[size_t(j) * d + c];
+            dp[j] = acc;
+            D += pij * acc;
+          }
+          for (int j = 0; j < sk; ++j) {
+            double pij = s[size_t(i) * sk + j];
+            if (pij == 0) continue;
+            double ds = pij * (dp[j] - D) * dcap[size_t(i) * sk + j];  // chain through softcap and scale
+            for (int c = 0; c < d; ++c) {
+              dv[size_t(j) * d + c] += pij * dout[size_t(i) * d + c];
+              dq[size_t(i) * d + c] += ds * k[size_t(j) * d + c];
+              dk[size_t(j) * d + c] += ds * q[size_t(i) * d + c];
+            }
+          }
+        }
+        auto dqr = dq_ref(p);
+        for (int i = 0; i < sq; ++i) {
+          int64_t off = row_offset(p, dqr, seq, true, i, h);
+          for (int c = 0; c < d; ++c) store_element(p.dq, off + c, float(dq[size_t(i) * d + c]), p.dtype);
+        }
+      }
+      auto dkr = dk_ref(p), dvr = dv_ref(p);
+      for (int j = 0; j < sk; ++j) {
+        int64_t ok = row_offset(p, dkr, seq, false, j, hk), ov = row_offset(p, dvr, seq, false, j, hk);
+        for (int c = 0; c < d; ++c) {
+          store_element(p.dk, ok + c, float(dk[size_t(j) * d + c]), p.dtype);
+          store_element(p.dv, ov + c, float(dv[size_t(j) * d + c]), p.dtype);
+        }
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace flashattn::cpu

@@ -1,0 +1,71 @@
+// The CUDA dispatcher: picks the kernel family for (device, problem) and calls its entry point.
+#include "common/mask.hpp"
+#include "cuda/common.cuh"
+#include "cuda/cuda_backend.hpp"
+#include "cuda/kernels.hpp"
+
+namespace flashattn::cuda {
+
+bool available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return false;
+  }
+  return n > 0;
+}
+
+bool is_device_pointer(const void* ptr) {
+  if (!ptr) return false;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+namespace {
+int current_sm() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major * 10 + minor;
+}
+}  // namespace
+
+fa_impl best_impl(const fa_params& p, bool backward) {
+  if (!backward && current_sm() == 90 && sm90_supports(p)) return FA_IMPL_CUDA_SM90;
+  return FA_IMPL_CUDA_SM80;
+}
+
+Status workspace_size(const fa_params& p, fa_impl impl, bool backward, size_t* bytes) {
+  switch (impl) {
+    case FA_IMPL_CUDA_STANDARD: *bytes = standard_forward_workspace(p); return {};
+    case FA_IMPL_CUDA_SM80: *bytes = backward ? sm80_backward_workspace(p) : sm80_forward_workspace(p); return {};
+    case FA_IMPL_CUDA_SM90: *bytes = sm90_forward_workspace(p); return {};
+    default: return invalid("impl: %s is not a CUDA implementation", fa_impl_name(impl));
+  }
+}
+
+Status forward(const fa_params& p, fa_impl impl) {
+  if (current_sm() < 80) return unsupported("impl %s needs compute capability 8.0 or later", fa_impl_name(impl));
+  switch (impl) {
+    case FA_IMPL_CUDA_STANDARD: return standard_forward(p);
+    case FA_IMPL_CUDA_SM80: return sm80_forward(p);
+    case FA_IMPL_CUDA_SM90:
+      if (current_sm() != 90) return unsupported("impl flashattn-sm90 needs an sm_90 GPU (H100/H200)");
+      if (!sm90_supports(p)) return unsupported("impl flashattn-sm90 has no kernel for dtype %s, head_dim %d", fa_dtype_name(p.dtype), p.head_dim);
+      return sm90_forward(p);
+    default: return invalid("impl: %s is not a CUDA implementation", fa_impl_name(impl));
+  }
+}
+
+Status backward(const fa_params& p, fa_impl impl) {
+  if (current_sm() < 80) return unsupported("impl %s needs compute capability 8.0 or later", fa_impl_name(impl));
+  if (impl == FA_IMPL_CUDA_SM80) return sm80_backward(p);
+  return unsupported("impl %s has no backward pass", fa_impl_name(impl));
+}
+
+}  // namespace flashattn::cuda

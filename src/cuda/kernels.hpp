@@ -1,0 +1,30 @@
+// Entry points of the CUDA kernel families, called by the dispatcher (backend.cu).
+// Each validates what is specific to it (head_dim, dtype), sizes its workspace, and launches on
+// p.stream without host synchronization or allocation.
+#pragma once
+
+#include <cstddef>
+
+#include "common/status.hpp"
+
+namespace flashattn::cuda {
+
+// Standard attention: S = QK^T and O = PV through cuBLAS, a softmax kernel between. The workspace
+// holds S/P (batch * num_heads * seqlen_q * seqlen_k fp32) and is the O(N^2) memory of the seeds.
+size_t standard_forward_workspace(const fa_params& p);
+Status standard_forward(const fa_params& p);
+
+// FA2 on mma.sync (sm_80 and later). The forward's workspace is for split-KV partials; the
+// backward's holds D = rowsum(dO * O) and the fp32 dQ accumulator.
+size_t sm80_forward_workspace(const fa_params& p);
+Status sm80_forward(const fa_params& p);
+size_t sm80_backward_workspace(const fa_params& p);
+Status sm80_backward(const fa_params& p);
+
+// Hopper forward (TMA + wgmma + warp specialization, sm_90a). sm90_supports says whether this
+// problem (dtype, head_dim, device) has a kernel; otherwise the dispatcher uses sm80.
+bool sm90_supports(const fa_params& p);
+size_t sm90_forward_workspace(const fa_params& p);
+Status sm90_forward(const fa_params& p);
+
+}  // namespace flashattn::cuda
