@@ -1,0 +1,204 @@
+"""Side-by-side attention benchmark on one GPU, in one process.
+
+The library (through its C ABI, ctypes on torch tensors' pointers) against PyTorch's
+scaled_dot_product_attention backends (flash, efficient, cudnn, math), medians of CUDA-event
+timings (triton.testing.do_bench), on the standard sweep of ANCHORS.md: bf16, 16k tokens,
+hidden 2048, head_dim 64 and 128 (256 with 8 heads for the forward), seqlen 512 ... 16384,
+causal and not, forward and backward; plus the seeds' classic small problem.
+
+Each measurement is one JSON line: impl, pass, dtype, batch, heads, seqlen_q, seqlen_k,
+head_dim, causal, ms, tflops, device, date (+ max_abs_diff vs torch's math/flash output, and
+peak extra memory for the classic problem).
+
+usage: python3 bench/gpu_bench.py --lib build/libflashattn.so --out results.jsonl [--quick]
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.dirname(__file__))
+import fa_ctypes as fa  # noqa: E402
+
+TORCH_BACKENDS = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-efficient": SDPBackend.EFFICIENT_ATTENTION,
+                  "torch-cudnn": SDPBackend.CUDNN_ATTENTION, "torch-math": SDPBackend.MATH}
+
+
+def flops(batch, heads, sq, sk, d, causal, bwd):
+    f = 4.0 * batch * heads * sq * sk * d
+    if causal:
+        f /= 2
+    return f * 2.5 if bwd else f
+
+
+class Ours:
+    """One library implementation on fixed (batch, seqlen, heads, d) tensors."""
+
+    def __init__(self, lib, impl, q, k, v, causal):
+        self.lib, self.impl, self.causal = lib, fa.IMPL[impl], causal
+        self.q, self.k, self.v = q, k, v
+        self.o = torch.empty_like(q)
+        b, s, h, _ = q.shape
+        self.lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
+        self.p = fa.params_from(torch, q, k, v, self.o, self.lse, causal)
+        self.ws_fwd = self._workspace(0)
+
+    def _workspace(self, backward):
+        n = ctypes.c_size_t(0)
+        fa.check(self.lib, self.lib.fa_workspace_size(ctypes.byref(self.p), self.impl, backward, ctypes.byref(n)),
+                 "workspace size")
+        return torch.empty(max(n.value, 1), dtype=torch.uint8, device=self.q.device)
+
+    def forward(self):
+        self.p.workspace, self.p.workspace_bytes = self.ws_fwd.data_ptr(), self.ws_fwd.numel()
+        fa.check(self.lib, self.lib.fa_forward(ctypes.byref(self.p), self.impl), "forward")
+        return self.o
+
+    def prepare_backward(self, dout):
+        self.forward()
+        self.dout, self.dq = dout, torch.empty_like(self.q)
+        self.dk, self.dv = torch.empty_like(self.k), torch.empty_like(self.v)
+        self.pb = fa.params_from(torch, self.q, self.k, self.v, self.o, self.lse, self.causal,
+                                 dout=dout, dq=self.dq, dk=self.dk, dv=self.dv)
+        n = ctypes.c_size_t(0)
+        fa.check(self.lib, self.lib.fa_workspace_size(ctypes.byref(self.pb), self.impl, 1, ctypes.byref(n)), "ws")
+        self.ws_bwd = torch.empty(max(n.value, 1), dtype=torch.uint8, device=self.q.device)
+        self.pb.workspace, self.pb.workspace_bytes = self.ws_bwd.data_ptr(), self.ws_bwd.numel()
+
+    def backward(self):
+        fa.check(self.lib, self.lib.fa_backward(ctypes.byref(self.pb), self.impl), "backward")
+
+
+def torch_fwd(backend, q, k, v, causal):
+    # SDPA takes (batch, heads, seqlen, d): transposed views of the same memory.
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    with sdpa_kernel([backend]):
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+
+
+def bench_case(lib, impls, batch, heads, seqlen, d, causal, passes, device, date, dtype=torch.bfloat16):
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(seqlen * 131 + d)
+    shape = (batch, seqlen, heads, d)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    dout = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
+    base = dict(dtype=str(dtype).replace("torch.", "").replace("bfloat16", "bf16").replace("float16", "fp16"),
+                batch=batch, heads=heads, seqlen_q=seqlen, seqlen_k=seqlen, head_dim=d, causal=causal,
+                device=device, date=date)
+    with torch.no_grad():
+        ref = torch_fwd(SDPBackend.FLASH_ATTENTION if d <= 256 else SDPBackend.MATH, q, k, v, causal).float()
+    for impl in impls:
+        if impl == "torch-math" and seqlen > 4096:
+            continue  # materializes (b, h, s, s): minutes and tens of GB at 16k
+        try:
+            if impl.startswith("flashattn"):
+                ours = Ours(lib, impl, q, k, v, causal)
+                out = ours.forward()
+                diff = (out.float() - ref).abs().max().item()
+                if "fwd" in passes:
+                    ms = do_bench(ours.forward, warmup=25, rep=100, return_mode="median")
+                    rows.append(dict(impl=impl, **{"pass": "fwd"}, **base, ms=ms,
+                                     tflops=flops(batch, heads, seqlen, seqlen, d, causal, False) / ms / 1e9,
+                                     max_abs_diff=diff))
+                if "bwd" in passes and impl != "flashattn-sm90":
+                    ours.prepare_backward(dout)
+                    ms = do_bench(ours.backward, warmup=25, rep=100, return_mode="median")
+                    qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+                    torch_fwd(SDPBackend.FLASH_ATTENTION, qq, kk, vv, causal).backward(dout)
+                    gdiff = max((a.float() - b.grad.float()).abs().max().item()
+                                for a, b in ((ours.dq, qq), (ours.dk, kk), (ours.dv, vv)))
+                    rows.append(dict(impl=impl, **{"pass": "bwd"}, **base, ms=ms,
+                                     tflops=flops(batch, heads, seqlen, seqlen, d, causal, True) / ms / 1e9,
+                                     max_abs_diff=gdiff))
+            else:
+                backend = TORCH_BACKENDS[impl]
+                if "fwd" in passes:
+                    with torch.no_grad():
+                        out = torch_fwd(backend, q, k, v, causal)
+                        diff = (out.float() - ref).abs().max().item()
+                        ms = do_bench(lambda: torch_fwd(backend, q, k, v, causal), warmup=25, rep=100,
+                                      return_mode="median")
+                    rows.append(dict(impl=impl, **{"pass": "fwd"}, **base, ms=ms,
+                                     tflops=flops(batch, heads, seqlen, seqlen, d, causal, False) / ms / 1e9,
+                                     max_abs_diff=diff))
+                if "bwd" in passes:
+                    qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+                    out = torch_fwd(backend, qq, kk, vv, causal)
+                    ms = do_bench(lambda: out.backward(dout, retain_graph=True), warmup=25, rep=100,
+                                  grad_to_none=[qq, kk, vv], return_mode="median")
+                    rows.append(dict(impl=impl, **{"pass": "bwd"}, **base, ms=ms,
+                                     tflops=flops(batch, heads, seqlen, seqlen, d, causal, True) / ms / 1e9))
+        except Exception as e:  # an impl that lacks this shape: say so, keep going
+            print(f"  {impl} d={d} s={seqlen} causal={causal}: {type(e).__name__}: {e}", file=sys.stderr)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def classic(lib, device, date):
+    """The seeds' comparison: batch 32, seqlen 512, 16 heads, d 64, causal, fp16; time and peak extra memory."""
+    rows = []
+    b, s, h, d = 32, 512, 16, 64
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
+    base = dict(dtype="fp16", batch=b, heads=h, seqlen_q=s, seqlen_k=s, head_dim=d, causal=True, device=device,
+                date=date, problem="classic")
+    cases = [("cuda-standard", None), ("flashattn-sm80", None), ("flashattn-sm90", None)]
+    cases += [(name, backend) for name, backend in TORCH_BACKENDS.items()]
+    for impl, backend in cases:
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            if backend is None:
+                ours = Ours(lib, impl, q, k, v, True)  # allocates o, lse and the workspace
+                fn = ours.forward
+            else:
+                fn = lambda: torch_fwd(backend, q, k, v, True)  # noqa: E731
+            with torch.no_grad():
+                fn()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - before
+                ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            rows.append(dict(impl=impl, **{"pass": "fwd"}, **base, ms=ms,
+                             tflops=flops(b, h, s, s, d, True, False) / ms / 1e9, peak_extra_mb=peak / 2**20))
+        except Exception as e:
+            print(f"  classic {impl}: {type(e).__name__}: {e}", file=sys.stderr)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", default="build/libflashattn.so")
+    ap.add_argument("--out", default="bench/results/h100.json")
+    ap.add_argument("--quick", action="store_true", help="seqlen 2k and 16k only")
+    ap.add_argument("--impls", default="flashattn-sm90,flashattn-sm80,torch-flash,torch-efficient,torch-cudnn,torch-math")
+    args = ap.parse_args()
+    lib = fa.load(args.lib)
+    device = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    impls = args.impls.split(",")
+    seqlens = [2048, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    rows = classic(lib, device, date)
+    for d, heads, passes in ((64, 32, "fwd,bwd"), (128, 16, "fwd,bwd"), (256, 8, "fwd")):
+        for causal in (False, True):
+            for s in seqlens:
+                rows += bench_case(lib, impls, 16384 // s, heads, s, d, causal, passes, device, date)
+                last = [r for r in rows if r["seqlen_q"] == s and r["head_dim"] == d and r["causal"] == causal]
+                print(" ".join(f"{r['impl']}/{r['pass']}={r['tflops']:.0f}" for r in last), flush=True)
+    with open(args.out, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    print(f"wrote {len(rows)} rows to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The one command for the GPU machine: build with CUDA, run the GPU tests, compute-sanitizer on a
+# subset, the Python binding's tests on CUDA tensors, and the side-by-side benchmark. Logs and
+# JSON go to $OUT (the device tool brings that folder back); a short summary is printed last.
+#
+#   STAGES=build,test,sanitize,python,bench  (default: all)   QUICK=1: the benchmark's short sweep
+#   HEAD_DIMS="64;128"                         prune the CUDA instantiations for a faster build
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/flashattn-out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-build,test,sanitize,python,bench}
+HEAD_DIMS=${HEAD_DIMS:-32;64;96;128;192;256}
+summary="$OUT/summary.txt"
+: >"$summary"
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+note() { echo "$*" | tee -a "$summary"; }
+run_stage() {  # name, command...
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  note "$name: rc=$rc ($((SECONDS - t0)) s)"
+  tail -n 15 "$OUT/$name.log" | sed "s/^/  [$name] /"
+  return $rc
+}
+
+note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1); $(date -u +%FT%TZ)"
+
+if has build; then
+  run_stage build bash -c "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+      -DFLASHATTN_CUDA_HEAD_DIMS='$HEAD_DIMS' && cmake --build build -j 16" || { cat "$summary"; exit 1; }
+fi
+if has test; then
+  run_stage test bash -c "ctest --test-dir build -j 8 --output-on-failure; build/tests/flashattn_cuda_tests --gtest_brief=1" || true
+fi
+if has sanitize; then
+  filter='*Causal*:*Varlen*:*Gqa*'
+  run_stage sanitize bash -c "for tool in memcheck racecheck synccheck; do echo == \$tool; \
+      compute-sanitizer --tool \$tool --error-exitcode 9 build/tests/flashattn_cuda_tests --gtest_filter='$filter' --gtest_brief=1 \
+      | tail -n 5 || exit 1; done" || true
+fi
+if has python && [ -f bindings/torch/tests/run.sh ]; then
+  run_stage python env FLASHATTN_LIBRARY="$PWD/build/libflashattn.so" bash bindings/torch/tests/run.sh || true
+fi
+if has bench; then
+  quick=${QUICK:+--quick}
+  run_stage bench python3 bench/gpu_bench.py --lib build/libflashattn.so --out "$OUT/h100.json" $quick || true
+  python3 bench/report.py "$OUT/h100.json" --md "$OUT/h100.md" >/dev/null 2>&1 && cat "$OUT/h100.md" | tee -a "$summary"
+fi
+echo "== summary"; cat "$summary"
