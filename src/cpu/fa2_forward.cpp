@@ -1,0 +1,201 @@
+// FlashAttention-2 forward on the CPU.
+//
+// One task per (batch, head, query block of block_m rows); OpenMP threads take tasks dynamically,
+// the longest (causal: last) query blocks first. Per task, for each key block of up to block_n
+// keys that some row of the query block can see (blocks outside the mask are never touched):
+//
+//   S^T = K_j Q_i^T                       (n, m)  scores, transposed: a query row per vector lane
+//   x   = S^T * scale * log2(e)           (softcap: softcap * log2(e) * tanh(scale * S / softcap))
+//   m_new = max(m, rowmax(x));  P^T = exp2(x - m_new);  alpha = exp2(m - m_new)
+//   l = alpha * l + rowsum(P);  O = diag(alpha) O + P V_j      (O unnormalized, fp32)
+//
+// and once at the end: o = O / l, lse = m * ln2 + log(l) (natural log). Keeping S transposed puts
+// the softmax of block_m rows side by side in the vector lanes, so the row max and row sum need no
+// horizontal reductions and the mask is a lane-wise compare. Scratch per thread is O(block * d).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/layout.hpp"
+#include "common/mask.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "cpu/kernels.hpp"
+
+namespace flashattn::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Config {
+  int head_dim, d_pad, block_m, block_n, m_pad, num_m_blocks, group;
+  float scale, scale_log2, softcap;
+};
+
+struct Workspace {
+  Buffer q_t, k, v, s_t, o, m, l, alpha, row_max, row_sum, row_out;
+  std::vector<int32_t> key_begin, key_end;
+  explicit Workspace(const Config& c)
+      : q_t(int64_t(c.head_dim) * c.m_pad),
+        k(int64_t(c.block_n) * c.head_dim),
+        v(int64_t(c.block_n) * c.d_pad),
+        s_t(int64_t(c.block_n) * c.m_pad),
+        o(int64_t(c.m_pad) * c.d_pad),
+        m(c.m_pad), l(c.m_pad), alpha(c.m_pad), row_max(c.m_pad), row_sum(c.m_pad), row_out(c.d_pad),
+        key_begin(size_t(c.m_pad)), key_end(size_t(c.m_pad)) {}
+};
+
+// One query block [m0, m0 + rows) of head h of sequence seq.
+void forward_block(const fa_params& p, const Config& c, Workspace& w, const Sequence& seq, int h, int m0) {
+  const int d = c.head_dim, d_pad = c.d_pad, m_pad = c.m_pad;
+  const int rows = std::min(c.block_m, seq.seqlen_q - m0);
+  const int h_kv = h / c.group;
+  const Mask mask(seq.seqlen_q, seq.seqlen_k, p.causal != 0, p.window_left, p.window_right);
+  const auto qr = q_ref(p), kr = k_ref(p), vr = v_ref(p), orf = o_ref(p);
+
+  // Q_i^T (d, m_pad); lanes past `rows` are zero and fully masked.
+  float* q_t = w.q_t.get();
+  for (int i = 0; i < rows; ++i) {
+    load_row_f32(p.q, row_offset(p, qr, seq, true, m0 + i, h), d, p.dtype, w.row_out.get());
+    for (int cc = 0; cc < d; ++cc) q_t[int64_t(cc) * m_pad + i] = w.row_out.get()[cc];
+  }
+  for (int cc = 0; cc < d; ++cc) std::fill(q_t + int64_t(cc) * m_pad + rows, q_t + int64_t(cc) * m_pad + m_pad, 0.f);
+  for (int i = 0; i < m_pad; ++i) {
+    w.key_begin[i] = i < rows ? int32_t(mask.key_begin(m0 + i)) : 0;
+    w.key_end[i] = i < rows ? int32_t(mask.key_end(m0 + i)) : 0;
+  }
+  float *m = w.m.get(), *l = w.l.get(), *o = w.o.get(), *s_t = w.s_t.get();
+  std::fill(m, m + m_pad, kNegInf);
+  std::fill(l, l + m_pad, 0.f);
+  std::fill(o, o + int64_t(rows) * d_pad, 0.f);
+
+  // Keys some row sees: key_begin and key_end grow with the row.
+  const int64_t kb = mask.key_begin(m0), ke = mask.key_end(m0 + rows - 1);
+  for (int64_t n0 = kb; n0 < ke; n0 += c.block_n) {
+    const int nv = int(std::min<int64_t>(c.block_n, ke - n0));
+    // K_j (nv, d) in fp32: read in place when fp32, else converted.
+    const float* k_blk;
+    int64_t ldk;
+    if (p.dtype == FA_FLOAT32) {
+      k_blk = static_cast<const float*>(p.k) + row_offset(p, kr, seq, false, n0, h_kv);
+      ldk = kr.row_stride;
+    } else {
+      for (int j = 0; j < nv; ++j)
+        load_row_f32(p.k, row_offset(p, kr, seq, false, n0 + j, h_kv), d, p.dtype, w.k.get() + int64_t(j) * d);
+      k_blk = w.k.get();
+      ldk = d;
+    }
+    // V_j (nv, d_pad), zero-padded columns.
+    float* v_blk = w.v.get();
+    for (int j = 0; j < nv; ++j)
+      load_row_f32(p.v, row_offset(p, vr, seq, false, n0 + j, h_kv), d, p.dtype, v_blk + int64_t(j) * d_pad);
+
+    gemm<false>(nv, m_pad, d, k_blk, ldk, q_t, m_pad, s_t, m_pad, false);  // S^T (nv, m_pad)
+
+    float multiplier = c.scale_log2;
+    if (c.softcap > 0) {
+      const float inner = c.scale / c.softcap, outer = c.softcap * kLog2e;
+      for (int64_t e = 0; e < int64_t(nv) * m_pad; ++e) s_t[e] = outer * std::tanh(inner * s_t[e]);
+      multiplier = 1.f;
+    }
+    // Masking is needed unless every row sees every key of the block.
+    const bool masked = n0 < mask.key_begin(m0 + rows - 1) || n0 + nv > mask.key_end(m0);
+
+    // Pass 1: x = S * multiplier (masked -> -inf), column max per lane.
+    float* row_max = w.row_max.get();
+    std::fill(row_max, row_max + m_pad, kNegInf);
+    const vfloat mult = vbroadcast(multiplier), neg_inf = vbroadcast(kNegInf);
+    for (int j = 0; j < nv; ++j) {
+      float* srow = s_t + int64_t(j) * m_pad;
+      const vint jg = vint{} + int32_t(n0 + j);
+      for (int i = 0; i < m_pad; i += kLanes) {
+        vfloat x = vload(srow + i) * mult;
+        if (masked) {
+          vint kbv, kev;
+          std::memcpy(&kbv, w.key_begin.data() + i, sizeof(vint));
+          std::memcpy(&kev, w.key_end.data() + i, sizeof(vint));
+          x = (jg >= kbv) & (jg < kev) ? x : neg_inf;
+        }
+        vstore(srow + i, x);
+        vstore(row_max + i, vmax(vload(row_max + i), x));
+      }
+    }
+    // New max (a row with nothing visible yet keeps -inf and uses 0 as its offset), rescale factor.
+    float *alpha = w.alpha.get(), *row_sum = w.row_sum.get();
+    for (int i = 0; i < m_pad; i += kLanes) {
+      vfloat m_old = vload(m + i), m_new = vmax(m_old, vload(row_max + i));
+      vfloat m_use = m_new == neg_inf ? vfloat{} : m_new;
+      vstore(alpha + i, exp2v(m_old - m_use));
+      vstore(m + i, m_new);
+      vstore(row_max + i, m_use);
+      vstore(row_sum + i, vfloat{});
+    }
+    // Pass 2: P^T = exp2(x - m), column sums.
+    for (int j = 0; j < nv; ++j) {
+      float* srow = s_t + int64_t(j) * m_pad;
+      for (int i = 0; i < m_pad; i += kLanes) {
+        vfloat pv = exp2v(vload(srow + i) - vload(row_max + i));
+        vstore(srow + i, pv);
+        vstore(row_sum + i, vload(row_sum + i) + pv);
+      }
+    }
+    for (int i = 0; i < m_pad; i += kLanes)
+      vstore(l + i, vload(alpha + i) * vload(l + i) + vload(row_sum + i));
+    // O = diag(alpha) O + P V_j.
+    for (int i = 0; i < rows; ++i) {
+      if (alpha[i] == 1.f) continue;
+      const vfloat a = vbroadcast(alpha[i]);
+      float* orow = o + int64_t(i) * d_pad;
+      for (int cc = 0; cc < d_pad; cc += kLanes) vstore(orow + cc, vload(orow + cc) * a);
+    }
+    gemm<true>(rows, d_pad, nv, s_t, m_pad, v_blk, d_pad, o, d_pad, true);
+  }
+
+  // o = O / l; lse in natural log. l == 0: every key masked, o = 0 and lse = -inf.
+  for (int i = 0; i < rows; ++i) {
+    const float inv = l[i] > 0 ? 1.f / l[i] : 0.f;
+    float* orow = o + int64_t(i) * d_pad;
+    for (int cc = 0; cc < d; ++cc) orow[cc] *= inv;
+    store_row_f32(p.o, row_offset(p, orf, seq, true, m0 + i, h), d, orow, p.dtype);
+    if (p.lse) p.lse[lse_index(p, seq, m0 + i, h)] = l[i] > 0 ? m[i] * kLn2 + std::log(l[i]) : kNegInf;
+  }
+}
+
+}  // namespace
+
+Status fa2_forward(const fa_params& p) {
+  Config c;
+  c.head_dim = p.head_dim;
+  c.d_pad = int(round_up(p.head_dim, kLanes));
+  const BlockSizes bs = block_sizes(p.cpu_cache_bytes > 0 ? p.cpu_cache_bytes : l2_cache_bytes(), p.head_dim);
+  c.block_m = bs.block_r;
+  c.block_n = bs.block_c;
+  c.m_pad = int(round_up(c.block_m, kLanes));
+  c.num_m_blocks = (p.seqlen_q + c.block_m - 1) / c.block_m;
+  c.group = p.num_heads / p.num_heads_kv;
+  c.scale = effective_scale(p);
+  c.scale_log2 = c.scale * kLog2e;
+  c.softcap = p.softcap;
+
+  const int64_t num_tasks = int64_t(p.batch) * p.num_heads * c.num_m_blocks;
+  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+#pragma omp parallel num_threads(threads)
+  {
+    Workspace w(c);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < num_tasks; ++t) {
+      // Last query blocks first: under a causal mask they are the longest.
+      const int mb = c.num_m_blocks - 1 - int(t % c.num_m_blocks);
+      const int h = int((t / c.num_m_blocks) % p.num_heads);
+      const int b = int(t / (int64_t(c.num_m_blocks) * p.num_heads));
+      const Sequence seq = sequence(p, b);
+      if (int64_t(mb) * c.block_m >= seq.seqlen_q) continue;
+      forward_block(p, c, w, seq, h, mb * c.block_m);
+    }
+  }
+  return {};
+}
+
+}  // namespace flashattn::cpu

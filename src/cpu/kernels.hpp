@@ -1,0 +1,206 @@
+// Vector building blocks of the CPU FA2 kernels: a register-tiled fp32 matrix product, a
+// vectorized exp2, fp16/bf16 row conversion and aligned scratch buffers.
+//
+// The vector width follows the target the compiler builds for (-march=native): 16 lanes with
+// AVX-512, 8 otherwise (AVX2; without AVX the compiler splits the 32-byte vectors). The code uses
+// GCC/Clang vector extensions, so the same source gives zmm or ymm code; FMAs come from
+// -ffp-contract=fast.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "common/dtype.hpp"
+
+namespace flashattn::cpu {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+constexpr int kTileRows = 8;  // 8 x 2 zmm accumulators: 16 of 32 registers, 8 independent FMA chains per B vector
+#else
+constexpr int kLanes = 8;
+constexpr int kTileRows = 6;  // 6 x 2 ymm accumulators + 2 B vectors + 1 broadcast = 15 of 16 registers
+#endif
+constexpr int kTileVecs = 2;  // B vectors per tile column panel
+constexpr int kChunkK = 128;  // the reduction is split in chunks so a B panel (kChunkK x 2 vectors) stays in L1
+
+typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+typedef float vfloat_u __attribute__((vector_size(kLanes * sizeof(float)), aligned(4), may_alias));
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+inline vfloat vload(const float* p) { return *reinterpret_cast<const vfloat_u*>(p); }
+inline void vstore(float* p, vfloat v) { *reinterpret_cast<vfloat_u*>(p) = v; }
+// A splat (not `vfloat{} + x`: without fast-math that is a real add on the critical path).
+inline vfloat vbroadcast(float x) {
+#if defined(__AVX512F__)
+  return vfloat(_mm512_set1_ps(x));
+#elif defined(__AVX__)
+  return vfloat(_mm256_set1_ps(x));
+#else
+  vfloat v;
+  for (int i = 0; i < kLanes; ++i) v[i] = x;
+  return v;
+#endif
+}
+inline vfloat vmax(vfloat a, vfloat b) { return a > b ? a : b; }
+inline float hmax(vfloat v) {
+  float m = v[0];
+  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
+  return m;
+}
+inline float hsum(vfloat v) {
+  float s = 0;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+// 2^x for x <= 0 (the softmax's x - max); 0 below -126 and for -inf. Relative error ~2e-7:
+// x = n + f with n = round(x), f in [-1/2, 1/2]; 2^f by its degree-6 Taylor polynomial; 2^n by
+// writing n into the exponent bits.
+inline vfloat exp2v(vfloat x) {
+  const vfloat lo = vbroadcast(-126.f);
+  vfloat xc = x > lo ? x : lo;
+  const vfloat round_magic = vbroadcast(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
+  vfloat n = (xc + round_magic) - round_magic;
+  vfloat f = xc - n;
+  vfloat y = vbroadcast(1.5403530393381606e-4f);  // ln2^6 / 6!
+  y = y * f + 1.3333558146428443e-3f;              // ln2^5 / 5!
+  y = y * f + 9.6181291076284772e-3f;              // ln2^4 / 4!
+  y = y * f + 5.5504108664821580e-2f;              // ln2^3 / 3!
+  y = y * f + 0.24022650695910071f;                // ln2^2 / 2!
+  y = y * f + 0.69314718055994531f;                // ln2
+  y = y * f + 1.f;
+  vint e = (__builtin_convertvector(n, vint) + 127) << 23;
+  vfloat r = y * __builtin_bit_cast(vfloat, e);
+  return x > lo ? r : vfloat{};
+}
+
+// C (m x n) = or += A (m x k) B (k x n), fp32, row-major B and C with n a multiple of kLanes.
+// A is read element by element (broadcast), so it can be used transposed at no cost:
+//   a_trans = false: A(r, kk) = a[r * lda + kk];   a_trans = true: A(r, kk) = a[kk * lda + r].
+template <int R, int NV, bool ATrans>
+inline void gemm_tile(int k, const float* __restrict a, int64_t lda, const float* __restrict b, int64_t ldb,
+                      float* __restrict c, int64_t ldc, bool accumulate) {
+  vfloat acc[R][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? vload(c + r * ldc + v * kLanes) : vfloat{};
+  for (int kk = 0; kk < k; ++kk) {
+    vfloat bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = vload(b + kk * ldb + v * kLanes);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      vfloat av = vbroadcast(ATrans ? a[kk * lda + r] : a[r * lda + kk]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) vstore(c + r * ldc + v * kLanes, acc[r][v]);
+}
+
+// Rows left over after the full tiles: dispatch on their count (1 .. R-1) at compile time.
+template <int R, int NV, bool ATrans>
+inline void gemm_tail_rows(int rows, int k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                           int64_t ldc, bool accumulate) {
+  if constexpr (R > 0) {
+    if (rows == R) return gemm_tile<R, NV, ATrans>(k, a, lda, b, ldb, c, ldc, accumulate);
+    gemm_tail_rows<R - 1, NV, ATrans>(rows, k, a, lda, b, ldb, c, ldc, accumulate);
+  }
+}
+
+template <int NV, bool ATrans>
+inline void gemm_panel(int m, int k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                       bool accumulate) {
+  const int64_t a_row_step = ATrans ? 1 : lda;
+  int i = 0;
+  for (; i + kTileRows <= m; i += kTileRows)
+    gemm_tile<kTileRows, NV, ATrans>(k, a + i * a_row_step, lda, b, ldb, c + i * ldc, ldc, accumulate);
+  if (i < m) gemm_tail_rows<kTileRows - 1, NV, ATrans>(m - i, k, a + i * a_row_step, lda, b, ldb, c + i * ldc, ldc, accumulate);
+}
+
+template <bool ATrans>
+inline void gemm(int m, int n, int k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                 bool accumulate) {
+  if (k <= 0) {
+    if (!accumulate)
+      for (int i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.f);
+    return;
+  }
+  const int64_t a_k_step = ATrans ? lda : 1;
+  for (int k0 = 0; k0 < k; k0 += kChunkK) {
+    const int kc = std::min(kChunkK, k - k0);
+    const float* ak = a + k0 * a_k_step;
+    const float* bk = b + k0 * ldb;
+    const bool acc = accumulate || k0 > 0;
+    int j = 0;
+    for (; j + kTileVecs * kLanes <= n; j += kTileVecs * kLanes)
+      gemm_panel<kTileVecs, ATrans>(m, kc, ak, lda, bk + j, ldb, c + j, ldc, acc);
+    for (; j < n; j += kLanes) gemm_panel<1, ATrans>(m, kc, ak, lda, bk + j, ldb, c + j, ldc, acc);
+  }
+}
+
+// n elements of a row of dtype dt at src[offset ...] -> fp32.
+inline void load_row_f32(const void* src, int64_t offset, int n, fa_dtype dt, float* out) {
+  if (dt == FA_FLOAT32) {
+    std::memcpy(out, static_cast<const float*>(src) + offset, size_t(n) * sizeof(float));
+  } else if (dt == FA_BFLOAT16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src) + offset;
+    for (int i = 0; i < n; ++i) {
+      uint32_t bits = uint32_t(s[i]) << 16;
+      std::memcpy(out + i, &bits, 4);
+    }
+  } else {
+    const uint16_t* s = static_cast<const uint16_t*>(src) + offset;
+    int i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+#endif
+    for (; i < n; ++i) out[i] = half_to_float(s[i]);
+  }
+}
+
+// n fp32 values -> a row of dtype dt at dst[offset ...] (round to nearest even).
+inline void store_row_f32(void* dst, int64_t offset, int n, const float* in, fa_dtype dt) {
+  if (dt == FA_FLOAT32) {
+    std::memcpy(static_cast<float*>(dst) + offset, in, size_t(n) * sizeof(float));
+  } else {
+    store_row(dst, offset, n, in, dt);
+  }
+}
+
+// Zero-initialized, 64-byte aligned fp32 scratch.
+struct Buffer {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], Free> ptr;
+  Buffer() = default;
+  explicit Buffer(int64_t n) {
+    size_t bytes = size_t(round_up(std::max<int64_t>(n, 1) * int64_t(sizeof(float)), 64));
+    ptr.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    if (!ptr) throw std::bad_alloc();
+    std::memset(ptr.get(), 0, bytes);
+  }
+  float* get() const { return ptr.get(); }
+};
+
+}  // namespace flashattn::cpu
