@@ -1,0 +1,58 @@
+// The Hopper forward kernel: one persistent CTA per SM, three warpgroups.
+//   warpgroup 0: producer (TMA), registers lowered to kProducerRegs; one thread issues the loads.
+//   warpgroups 1, 2: consumers (wgmma + softmax), 64 rows of the 128-row q tile each, registers
+//   raised to kConsumerRegs.
+#pragma once
+
+#include <cuda.h>
+
+#include "cuda/sm90/epilogue.cuh"
+#include "cuda/sm90/mainloop.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    fwd_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+               const __grid_constant__ CUtensorMap map_v, const __grid_constant__ FwdParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte aligned tiles.
+  auto& smem = *reinterpret_cast<SharedStorage<T>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int warpgroup = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    mbar_init(&smem.q_full, 1);
+    mbar_init(&smem.q_empty, T::kConsumerWarpgroups);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(&smem.k_full[s], 1);
+      mbar_init(&smem.k_empty[s], T::kConsumerWarpgroups);
+      mbar_init(&smem.v_full[s], 1);
+      mbar_init(&smem.v_empty[s], T::kConsumerWarpgroups);
+    }
+    mbar_fence_init();
+    tma_prefetch_descriptor(&map_q);
+    tma_prefetch_descriptor(&map_k);
+    tma_prefetch_descriptor(&map_v);
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0) Producer<T>::run(&map_q, &map_k, &map_v, smem, p);
+  } else {
+    setmaxnreg_inc<T::kConsumerRegs>();
+    const int consumer_wg = warpgroup - 1;
+    Consumer<T> consumer;
+    PipelineState<T::kStages> pipe;
+    uint32_t q_phase = 0;
+    for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+      const Tile tile = decode_tile(t, p);
+      if (!tile.valid) continue;
+      consumer.run_tile(smem, p, tile, consumer_wg, pipe, q_phase);
+      q_phase ^= 1;
+      store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,131 @@
+// Entry points of the Hopper forward (src/cuda/kernels.hpp): which problems it takes, and the
+// dispatch on (head_dim, dtype) to the instantiations fwd_hdim<N>_<dtype>.cu.
+#include <cudaTypedefs.h>
+
+#include <mutex>
+#include <tuple>
+
+#include "common/layout.hpp"
+#include "cuda/common.cuh"
+#include "cuda/kernels.hpp"
+#include "cuda/sm90/launch.hpp"
+
+namespace flashattn::cuda {
+namespace sm90 {
+namespace {
+
+// cuTensorMapEncodeTiled from the driver through the runtime, so libcuda is not linked.
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      ptr = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+// TMA strides are in bytes, multiples of 16; a stride of an axis of extent 1 is never used.
+bool stride_ok(int64_t stride, int64_t extent) { return extent <= 1 || (stride > 0 && stride % 8 == 0); }
+
+}  // namespace
+
+Status device_info(DeviceInfo* info) {
+  static DeviceInfo cache[kMaxDevices];
+  static std::once_flag once[kMaxDevices];
+  int dev = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= kMaxDevices) return unsupported("flashattn-sm90: device index %d", dev);
+  std::call_once(once[dev], [dev] {
+    int sms = 0, l2 = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+    cache[dev] = {dev, sms > 0 ? sms : 1, l2 > 0 ? l2 : (50 << 20)};
+  });
+  *info = cache[dev];
+  return {};
+}
+
+Status make_tensor_map(CUtensorMap* map, const void* base, bool bf16, int head_dim, int64_t rows, int heads, int batch,
+                       int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows) {
+  auto encode = encode_tiled();
+  if (!encode) return {FA_ERROR_CUDA, "flashattn-sm90: cuTensorMapEncodeTiled is not available from the driver"};
+  rows = rows > 0 ? rows : 1;
+  const int64_t fallback = row_stride * 2;  // any valid stride for an axis of extent 1
+  cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
+  cuuint64_t strides[3] = {cuuint64_t(row_stride * 2), cuuint64_t(heads > 1 ? head_stride * 2 : fallback),
+                           cuuint64_t(batch > 1 ? batch_stride * 2 : fallback)};
+  cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
+  cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  CUresult r = encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                      const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return {FA_ERROR_CUDA, format("flashattn-sm90: cuTensorMapEncodeTiled failed (%d)", int(r))};
+  return {};
+}
+
+}  // namespace sm90
+
+bool sm90_supports(const fa_params& p) {
+  if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16) return false;
+  bool built = false;
+  switch (p.head_dim) {
+#if FLASHATTN_HDIM_64
+    case 64: built = true; break;
+#endif
+#if FLASHATTN_HDIM_128
+    case 128: built = true; break;
+#endif
+#if FLASHATTN_HDIM_256
+    case 256: built = true; break;
+#endif
+    default: break;
+  }
+  if (!built) return false;
+  // TMA: 16-byte aligned bases and strides. The epilogue's stores need the same of o.
+  if (!sm90::aligned16(p.q) || !sm90::aligned16(p.k) || !sm90::aligned16(p.v) || !sm90::aligned16(p.o)) return false;
+  const bool varlen = is_varlen(p);
+  const int64_t batch = varlen ? 1 : p.batch;
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  using sm90::stride_ok;
+  if (!stride_ok(p.q_row_stride, 2) || !stride_ok(p.q_head_stride, p.num_heads) || !stride_ok(p.q_batch_stride, batch))
+    return false;
+  if (!stride_ok(p.o_row_stride, 2) || !stride_ok(p.o_head_stride, p.num_heads) || !stride_ok(p.o_batch_stride, batch))
+    return false;
+  for (auto [row, head, bat] : {std::tuple{p.k_row_stride, p.k_head_stride, p.k_batch_stride},
+                                std::tuple{p.v_row_stride, p.v_head_stride, p.v_batch_stride}})
+    if (!stride_ok(row, 2) || !stride_ok(head, p.num_heads_kv) || !stride_ok(bat, batch)) return false;
+  // TMA coordinates are int32.
+  if (rows_q >= (int64_t(1) << 31) || rows_k >= (int64_t(1) << 31)) return false;
+  return true;
+}
+
+size_t sm90_forward_workspace(const fa_params&) { return 0; }
+
+Status sm90_forward(const fa_params& p) {
+  if (!sm90_supports(p))
+    return unsupported("flashattn-sm90: no kernel for dtype %s, head_dim %d with these strides", fa_dtype_name(p.dtype),
+                       p.head_dim);
+  const bool bf16 = p.dtype == FA_BFLOAT16;
+  switch (p.head_dim) {
+#if FLASHATTN_HDIM_64
+    case 64: return bf16 ? sm90::run_fwd<64, true>(p) : sm90::run_fwd<64, false>(p);
+#endif
+#if FLASHATTN_HDIM_128
+    case 128: return bf16 ? sm90::run_fwd<128, true>(p) : sm90::run_fwd<128, false>(p);
+#endif
+#if FLASHATTN_HDIM_256
+    case 256: return bf16 ? sm90::run_fwd<256, true>(p) : sm90::run_fwd<256, false>(p);
+#endif
+    default: return unsupported("flashattn-sm90: head_dim %d", p.head_dim);
+  }
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,32 @@
+// Declarations shared by the Hopper forward's dispatcher (launch.cu) and its instantiations.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "common/status.hpp"
+
+namespace flashattn::cuda::sm90 {
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceInfo {
+  int index = 0;
+  int num_sms = 0;
+  int64_t l2_bytes = 0;
+};
+
+// The current device's SM count and L2 size (looked up once per device).
+Status device_info(DeviceInfo* info);
+
+// A 4D tensor map (head_dim, rows, heads, batch) over a (batch, rows, heads, head_dim) tensor
+// with element strides, boxes of (64 columns, box_rows rows), 128-byte swizzle, zero fill
+// out of bounds.
+Status make_tensor_map(CUtensorMap* map, const void* base, bool bf16, int head_dim, int64_t rows, int heads,
+                       int batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows);
+
+template <int kHeadDim, bool kBf16>
+Status run_fwd(const fa_params& p);
+
+}  // namespace flashattn::cuda::sm90

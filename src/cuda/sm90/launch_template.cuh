@@ -1,0 +1,83 @@
+// Host side of the Hopper forward: tensor maps, kernel parameters and the launch of one
+// (head_dim, dtype) instantiation. Included by the fwd_hdim<N>_<dtype>.cu files only.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/layout.hpp"
+#include "cuda/common.cuh"
+#include "cuda/sm90/kernel.cuh"
+#include "cuda/sm90/launch.hpp"
+
+namespace flashattn::cuda::sm90 {
+
+template <int kHeadDim, bool kBf16>
+Status run_fwd(const fa_params& p) {
+  using T = Traits<kHeadDim, kBf16>;
+  const bool varlen = is_varlen(p);
+  const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
+  const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
+  if (p.batch == 0 || rows_q == 0 || p.seqlen_q == 0) return {};
+
+  CUtensorMap map_q, map_k, map_v;
+  const int32_t batch_dim = varlen ? 1 : p.batch;
+  FA_RETURN_IF_ERROR(make_tensor_map(&map_q, p.q, kBf16, kHeadDim, rows_q, p.num_heads, batch_dim, p.q_row_stride,
+                                     p.q_head_stride, p.q_batch_stride, T::kBlockM));
+  // With no keys the maps are never read; they still need a valid address and extent.
+  const void* k_ptr = rows_k > 0 ? p.k : p.q;
+  const void* v_ptr = rows_k > 0 ? p.v : p.q;
+  FA_RETURN_IF_ERROR(make_tensor_map(&map_k, k_ptr, kBf16, kHeadDim, rows_k, p.num_heads_kv, batch_dim, p.k_row_stride,
+                                     p.k_head_stride, p.k_batch_stride, T::kBlockN));
+  FA_RETURN_IF_ERROR(make_tensor_map(&map_v, v_ptr, kBf16, kHeadDim, rows_k, p.num_heads_kv, batch_dim, p.v_row_stride,
+                                     p.v_head_stride, p.v_batch_stride, T::kBlockN));
+
+  FwdParams fp{};
+  fp.o = p.o;
+  fp.o_batch_stride = p.o_batch_stride;
+  fp.o_row_stride = p.o_row_stride;
+  fp.o_head_stride = p.o_head_stride;
+  fp.lse = p.lse;
+  fp.cu_seqlens_q = p.cu_seqlens_q;
+  fp.cu_seqlens_k = p.cu_seqlens_k;
+  fp.batch = p.batch;
+  fp.num_heads = p.num_heads;
+  fp.heads_per_kv_head = p.num_heads / p.num_heads_kv;
+  fp.seqlen_q = p.seqlen_q;
+  fp.seqlen_k = p.seqlen_k;
+  fp.total_q = p.total_q;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale = p.softmax_scale != 0.f ? p.softmax_scale : 1.f / std::sqrt(float(kHeadDim));
+  fp.scale_log2 = scale * kLog2e;
+  fp.has_softcap = p.softcap > 0.f;
+  fp.softcap_pre = fp.has_softcap ? scale / p.softcap : 0.f;
+  fp.softcap_log2 = p.softcap * kLog2e;
+  fp.causal = p.causal;
+  fp.window_left = p.window_left;
+  fp.window_right = p.window_right;
+  fp.num_m_blocks = int32_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
+  const int64_t num_bh = int64_t(p.batch) * p.num_heads;
+  const int64_t num_tiles = num_bh * fp.num_m_blocks;
+  if (num_tiles >= (int64_t(1) << 31)) return unsupported("flashattn-sm90: %lld tiles", (long long)num_tiles);
+  fp.num_tiles = int32_t(num_tiles);
+
+  DeviceInfo dev;
+  FA_RETURN_IF_ERROR(device_info(&dev));
+  // k and v of one (batch, head): seqlen_k * head_dim * 2 tensors * 2 bytes. Half of L2 for them.
+  const int64_t kv_bytes = std::max<int64_t>(1, int64_t(p.seqlen_k) * kHeadDim * 4);
+  fp.heads_per_section = int32_t(std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, num_bh));
+
+  constexpr size_t smem_bytes = sizeof(SharedStorage<T>) + 1024;  // + alignment slack
+  auto kernel = fwd_kernel<T>;
+  static bool configured[kMaxDevices] = {};
+  if (!configured[dev.index]) {
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+    configured[dev.index] = true;
+  }
+  const int grid = int(std::min<int64_t>(num_tiles, dev.num_sms));
+  kernel<<<grid, T::kThreads, smem_bytes, stream_of(p)>>>(map_q, map_k, map_v, fp);
+  FA_CUDA_CHECK_LAUNCH("flashattn-sm90 forward");
+  return {};
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,262 @@
+// The pipeline of one tile: a producer thread loads q once and k, v block by block through TMA
+// into a ring of stages; two consumer warpgroups (64 rows of q each) compute S = q k^T and
+// O += P v with wgmma, the online softmax between the two in registers.
+//
+//   producer:  q | k0 v0 | k1 v1 | k2 v2 ...          (waits on *_empty, arms *_full with bytes)
+//   consumer:  wait k_full -> S = q k^T -> free k -> softmax -> wait v_full -> O += P v -> free v
+//
+// Key blocks run from the last to the first, so the blocks that need element masking (the
+// diagonal for causal, the end of the sequence) come first.
+#pragma once
+
+#include <cuda.h>
+
+#include "common/mask.hpp"
+#include "cuda/sm90/params.cuh"
+#include "cuda/sm90/primitives.cuh"
+#include "cuda/sm90/scheduler.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+// Pipeline position shared by producer and consumers: stage of the ring and the parity of its lap.
+template <int kStages>
+struct PipelineState {
+  int32_t index = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++index == kStages) {
+      index = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+template <class T>
+__device__ __forceinline__ Mask tile_mask(const Tile& tile, const FwdParams& p) {
+  return Mask(tile.seqlen_q, tile.seqlen_k, p.causal != 0, p.window_left, p.window_right);
+}
+
+// Producer -------------------------------------------------------------------------------------
+
+template <class T>
+struct Producer {
+  // One thread. k, v of head `head_kv` of the tile's sequence; TMA zero-fills rows past the
+  // tensor's end, and rows of the next varlen sequence are masked by index in the softmax.
+  __device__ static void run(const CUtensorMap* map_q, const CUtensorMap* map_k, const CUtensorMap* map_v,
+                             SharedStorage<T>& smem, const FwdParams& p) {
+    PipelineState<T::kStages> pipe;
+    uint32_t q_phase = 0;
+    for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+      const Tile tile = decode_tile(t, p);
+      if (!tile.valid) continue;
+      const int32_t batch_coord = p.cu_seqlens_q ? 0 : tile.batch;
+      const int32_t head_kv = tile.head / p.heads_per_kv_head;
+      int32_t n_begin, n_end;
+      key_block_range<T::kBlockM, T::kBlockN>(tile, tile_mask<T>(tile, p), n_begin, n_end);
+
+      mbar_wait(&smem.q_empty, q_phase ^ 1);
+      mbar_arrive_expect_tx(&smem.q_full, T::kQBytes);
+      const int32_t q_row = int32_t(tile.q_start) + tile.m_block * T::kBlockM;
+#pragma unroll
+      for (int c = 0; c < T::kPanels; ++c)
+        tma_load_4d(map_q, &smem.q_full, smem.q + c * T::kQPanelBytes, 64 * c, q_row, tile.head, batch_coord);
+      q_phase ^= 1;
+
+      for (int32_t n = n_end - 1; n >= n_begin; --n) {
+        const int32_t k_row = int32_t(tile.k_start) + n * T::kBlockN;
+        const int s = pipe.index;
+        mbar_wait(&smem.k_empty[s], pipe.phase ^ 1);
+        mbar_arrive_expect_tx(&smem.k_full[s], T::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < T::kPanels; ++c)
+          tma_load_4d(map_k, &smem.k_full[s], smem.k[s] + c * T::kKVPanelBytes, 64 * c, k_row, head_kv, batch_coord);
+        mbar_wait(&smem.v_empty[s], pipe.phase ^ 1);
+        mbar_arrive_expect_tx(&smem.v_full[s], T::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < T::kPanels; ++c)
+          tma_load_4d(map_v, &smem.v_full[s], smem.v[s] + c * T::kKVPanelBytes, 64 * c, k_row, head_kv, batch_coord);
+        pipe.advance();
+      }
+    }
+  }
+};
+
+// Consumer -------------------------------------------------------------------------------------
+
+// One consumer warpgroup's 64 rows. Accumulator layout of wgmma m64nN (per thread, warp w of
+// the warpgroup, lane l): element [4 * n + 2 * i + j] is row 16 w + l / 4 + 8 i, column
+// 8 n + 2 (l % 4) + j. The same layout holds S (N = block_n) and O (N = head_dim).
+template <class T>
+struct Consumer {
+  static constexpr int kN = T::kBlockN, kD = T::kHeadDim;
+  using Mma = Wgmma<kN, T::kBf16>;
+  using MmaO = Wgmma<kD, T::kBf16>;
+
+  float o[kD / 2];
+  float row_max[2];  // running max of the row's scores, log2 domain
+  float row_sum[2];  // this thread's part of the running sum of exp2(score - row_max)
+
+  // S = q k^T for this warpgroup's 64 rows: q (64, head_dim) and k (block_n, head_dim), both
+  // K-major in shared memory. Issues and waits.
+  __device__ __forceinline__ static void gemm_qk(float (&s)[kN / 2], const uint8_t* q_rows, const uint8_t* k) {
+    const uint32_t q_addr = smem_addr(q_rows), k_addr = smem_addr(k);
+    fence_registers(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;  // k16 step inside a 64-column panel
+      const uint64_t da = make_smem_desc(q_addr + (kk / 4) * T::kQPanelBytes + off, 16, 1024);
+      const uint64_t db = make_smem_desc(k_addr + (kk / 4) * T::kKVPanelBytes + off, 16, 1024);
+      Mma::template ss<0>(s, da, db, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(s);
+  }
+
+  // O += P v: P (64, block_n) from registers as the A operand, v (block_n, head_dim) MN-major.
+  __device__ __forceinline__ void gemm_pv(const uint32_t (&p)[kN / 16][4], const uint8_t* v) {
+    const uint32_t v_addr = smem_addr(v);
+    fence_registers(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      const uint64_t db = make_smem_desc(v_addr + kk * 16 * 128, T::kKVPanelBytes, 1024);
+      MmaO::template rs<1>(o, p[kk], db, 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(o);
+  }
+
+  // Scores to the exp2 domain (scale, softcap) and masked by index where the block needs it.
+  __device__ __forceinline__ static void scale_and_mask(float (&s)[kN / 2], const FwdParams& p, int32_t key0,
+                                                        const int32_t (&key_begin)[2], const int32_t (&key_end)[2],
+                                                        bool need_mask) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          float x = s[4 * n + 2 * i + j];
+          x = p.has_softcap ? p.softcap_log2 * tanhf(x * p.softcap_pre) : x * p.scale_log2;
+          if (need_mask) {
+            const int32_t key = key0 + 8 * n + 2 * (lane % 4) + j;
+            if (key < key_begin[i] || key >= key_end[i]) x = -INFINITY;
+          }
+          s[4 * n + 2 * i + j] = x;
+        }
+      }
+    }
+  }
+
+  // Online softmax: new running max, P = exp2(s - max) in place, O and the sums rescaled.
+  __device__ __forceinline__ void softmax_rescale(float (&s)[kN / 2]) {
+    float m[2] = {row_max[0], row_max[1]};
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) m[i] = fmaxf(m[i], fmaxf(s[4 * n + 2 * i], s[4 * n + 2 * i + 1]));
+    float m_use[2], corr[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 1));
+      m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 2));
+      m_use[i] = m[i] == -INFINITY ? 0.f : m[i];  // a row with nothing visible yet: keep p = 0
+      corr[i] = fast_exp2(row_max[i] - m_use[i]);
+      row_max[i] = m[i];
+      row_sum[i] *= corr[i];
+    }
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float e = fast_exp2(s[4 * n + 2 * i + j] - m_use[i]);
+          s[4 * n + 2 * i + j] = e;
+          row_sum[i] += e;
+        }
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        o[4 * n + 2 * i] *= corr[i];
+        o[4 * n + 2 * i + 1] *= corr[i];
+      }
+  }
+
+  // P in the A-operand register layout of wgmma (that of mma.sync m16n8k16, per warp).
+  __device__ __forceinline__ static void to_a_operand(const float (&s)[kN / 2], uint32_t (&p)[kN / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      p[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1], T::kBf16);
+      p[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3], T::kBf16);
+      p[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5], T::kBf16);
+      p[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7], T::kBf16);
+    }
+  }
+
+  // Runs the key blocks of one tile; leaves O unnormalized, row_max and the full row sums.
+  __device__ __forceinline__ void run_tile(SharedStorage<T>& smem, const FwdParams& p, const Tile& tile,
+                                           int consumer_wg, PipelineState<T::kStages>& pipe, uint32_t q_phase) {
+    const int thread = threadIdx.x % 128, lane = threadIdx.x % 32;
+    const bool signals = thread == 0;  // one arrival per warpgroup on the empty barriers
+    const Mask mask = tile_mask<T>(tile, p);
+    int32_t n_begin, n_end;
+    key_block_range<T::kBlockM, T::kBlockN>(tile, mask, n_begin, n_end);
+
+    // The key range of this thread's two rows, and of the whole tile (to skip masking).
+    const int32_t row0 = tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
+    int32_t key_begin[2], key_end[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      key_begin[i] = int32_t(mask.key_begin(row0 + 8 * i));
+      key_end[i] = int32_t(mask.key_end(row0 + 8 * i));
+    }
+    const int64_t tile_row0 = int64_t(tile.m_block) * T::kBlockM;
+    const int64_t tile_row1 = min(tile_row0 + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
+    const int64_t inner_begin = mask.key_begin(tile_row1);  // keys every row of the tile sees
+    const int64_t inner_end = mask.key_end(tile_row0);
+
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+
+    mbar_wait(&smem.q_full, q_phase);
+    const uint8_t* q_rows = smem.q + consumer_wg * 64 * 128;
+    for (int32_t n = n_end - 1; n >= n_begin; --n) {
+      const int st = pipe.index;
+      float s[kN / 2];
+      mbar_wait(&smem.k_full[st], pipe.phase);
+      gemm_qk(s, q_rows, smem.k[st]);
+      if (signals) mbar_arrive(&smem.k_empty[st]);
+      if (n == n_begin && signals) mbar_arrive(&smem.q_empty);
+
+      const int64_t key0 = int64_t(n) * kN;
+      const bool need_mask = key0 < inner_begin || key0 + kN > inner_end || key0 + kN > tile.seqlen_k;
+      scale_and_mask(s, p, int32_t(key0), key_begin, key_end, need_mask);
+      softmax_rescale(s);
+      uint32_t pa[kN / 16][4];
+      to_a_operand(s, pa);
+
+      mbar_wait(&smem.v_full[st], pipe.phase);
+      gemm_pv(pa, smem.v[st]);
+      if (signals) mbar_arrive(&smem.v_empty[st]);
+      pipe.advance();
+    }
+    if (n_end <= n_begin && signals) mbar_arrive(&smem.q_empty);
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
+      row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
+    }
+  }
+};
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,64 @@
+// The Hopper forward's device-side parameters and its per-head-dim tile configuration.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn::cuda::sm90 {
+
+// What the kernel reads besides the three tensor maps (q, k, v are read through TMA only).
+struct FwdParams {
+  void* o;  // (batch, seqlen_q, num_heads, head_dim), or varlen (total_q, num_heads, head_dim)
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  float* lse;  // (batch, num_heads, seqlen_q) or varlen (num_heads, total_q); nullptr: not written
+  const int32_t* cu_seqlens_q;  // nullptr unless varlen
+  const int32_t* cu_seqlens_k;
+  int32_t batch, num_heads, heads_per_kv_head;
+  int32_t seqlen_q, seqlen_k;  // varlen: the longest
+  int64_t total_q;
+  float scale_log2;    // softmax_scale * log2(e): scores go to the exp2 domain in one multiply
+  float softcap_pre;   // softmax_scale / softcap (softcap on)
+  float softcap_log2;  // softcap * log2(e)       (softcap on)
+  int32_t has_softcap;
+  int32_t causal, window_left, window_right;
+  int32_t num_m_blocks;  // ceil(seqlen_q / block_m)
+  int32_t num_tiles;     // num_m_blocks * batch * num_heads
+  int32_t heads_per_section;  // (batch, head) pairs whose k, v share L2 (the scheduler's swizzle)
+};
+
+// Tile configuration per head dim: block_m = 128 rows of q (two consumer warpgroups of 64 rows),
+// block_n keys per step, stages of the k/v ring. Shared memory: q + stages * (k + v).
+template <int kHeadDim_, bool kBf16_>
+struct Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kBf16 = kBf16_;
+  static constexpr int kBlockM = 128;
+  // 64: 128 keys a step, 3 stages (112 KB). 128: 128 keys, 2 stages (160 KB).
+  // 256: 64 keys, 2 stages (192 KB); O alone is 128 registers a thread.
+  static constexpr int kBlockN = kHeadDim == 256 ? 64 : 128;
+  static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;  // 24 * 128 + 240 * 256 <= 64K registers
+
+  // 128-byte swizzled tiles are stored as panels of 64 columns (128 bytes) by rows.
+  static constexpr int kPanels = kHeadDim / 64;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQPanelBytes = kBlockM * 128;
+  static constexpr int kKVPanelBytes = kBlockN * 128;
+  static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");
+};
+
+template <class T>
+struct alignas(1024) SharedStorage {
+  uint8_t q[T::kQBytes];                 // (block_m, head_dim) as kPanels x (block_m, 64), swizzled
+  uint8_t k[T::kStages][T::kKVBytes];    // (block_n, head_dim) per stage, same layout
+  uint8_t v[T::kStages][T::kKVBytes];
+  uint64_t q_full, q_empty;
+  uint64_t k_full[T::kStages], k_empty[T::kStages];
+  uint64_t v_full[T::kStages], v_empty[T::kStages];
+};
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,61 @@
+// Persistent tile scheduler: the grid is one CTA per SM, CTA c takes tiles c, c + grid, ...
+//
+// A tile is (m_block, batch, head). Tiles are grouped in sections of heads_per_section
+// (batch, head) pairs whose k and v fit in L2 together; inside a section the m_block index is the
+// outer loop so that the CTAs running at once read the same few heads' k, v. With causal masking
+// the m_blocks run from the last (the longest: it sees the most keys) to the first, so the short
+// tiles fill the tail.
+#pragma once
+
+#include "common/mask.hpp"
+#include "cuda/sm90/params.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+struct Tile {
+  int32_t m_block, batch, head;
+  int64_t q_start, k_start;  // first row of the sequence in the packed tensors (0 unless varlen)
+  int32_t seqlen_q, seqlen_k;
+  bool valid;  // false: past the end of a shorter varlen sequence (nothing to do)
+};
+
+__device__ __forceinline__ Tile decode_tile(int32_t t, const FwdParams& p) {
+  const int32_t num_bh = p.batch * p.num_heads;
+  const int32_t per_section = p.heads_per_section * p.num_m_blocks;
+  const int32_t section = t / per_section;
+  const int32_t first_bh = section * p.heads_per_section;
+  const int32_t section_bh = min(p.heads_per_section, num_bh - first_bh);
+  const int32_t r = t - section * per_section;
+  const int32_t m_index = r / section_bh;
+  const int32_t bh = first_bh + r % section_bh;
+
+  Tile tile;
+  tile.m_block = p.causal ? p.num_m_blocks - 1 - m_index : m_index;
+  tile.batch = bh / p.num_heads;
+  tile.head = bh % p.num_heads;
+  if (p.cu_seqlens_q) {
+    const int32_t q0 = p.cu_seqlens_q[tile.batch], k0 = p.cu_seqlens_k[tile.batch];
+    tile.q_start = q0;
+    tile.k_start = k0;
+    tile.seqlen_q = p.cu_seqlens_q[tile.batch + 1] - q0;
+    tile.seqlen_k = p.cu_seqlens_k[tile.batch + 1] - k0;
+  } else {
+    tile.q_start = tile.k_start = 0;
+    tile.seqlen_q = p.seqlen_q;
+    tile.seqlen_k = p.seqlen_k;
+  }
+  tile.valid = int64_t(tile.m_block) * 128 < tile.seqlen_q;
+  return tile;
+}
+
+// The key blocks [n_begin, n_end) a tile of block_m rows must visit, from the mask of its rows.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ void key_block_range(const Tile& tile, const Mask& mask, int32_t& n_begin, int32_t& n_end) {
+  const int64_t first_row = int64_t(tile.m_block) * kBlockM;
+  const int64_t last_row = min(first_row + kBlockM, int64_t(tile.seqlen_q)) - 1;
+  const int64_t key_begin = mask.key_begin(first_row), key_end = mask.key_end(last_row);
+  n_begin = int32_t(key_begin / kBlockN);
+  n_end = key_end > key_begin ? int32_t((key_end + kBlockN - 1) / kBlockN) : n_begin;
+}
+
+}  // namespace flashattn::cuda::sm90
