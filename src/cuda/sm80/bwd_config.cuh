@@ -1,0 +1,106 @@
+// Tile configuration of the sm80 backward: one constexpr table from head_dim to
+// (block_m, block_n, warps, stages, split_d), the derived sizes, and the problem description the
+// kernels read (BwdParams). Host and device both include it.
+//
+// Work split of the main kernel: one CTA per (k-block of block_n keys, kv head, batch[, d part]).
+// Warp w owns key rows 16w .. 16w + 15 of the block: it computes S^T = K_w Q^T and dP^T = V_w dO^T
+// for those rows and keeps their dK and dV (16 x head_dim / split_d fp32) in registers, so
+// block_n = 16 * warps. With split_d = 2 two CTAs share a k-block, each owning half of the head_dim
+// columns of dK, dV, dQ (they both recompute S and dP): that keeps the accumulators of
+// head_dim 192 / 256 in registers.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn::sm80 {
+
+struct BwdConfig {
+  int head_dim;  // the kernel's head_dim; smaller problems are zero-padded to it
+  int block_m;   // query rows per inner iteration (the q-block)
+  int block_n;   // keys per CTA (the k-block), 16 per warp
+  int warps;
+  int stages;    // q / dO / lse / D tiles in shared memory: 2 = tile i+1 loads while tile i computes
+  int split_d;   // CTAs per k-block, each owning head_dim / split_d columns of dK, dV, dQ
+};
+
+// K, V tiles (resident), `stages` Q and dO tiles, dS^T (block_n x block_m), `stages` lse and D rows.
+constexpr int bwd_smem_bytes(const BwdConfig& c) {
+  return 2 * 2 * c.block_n * c.head_dim + 2 * 2 * c.stages * c.block_m * c.head_dim + 2 * c.block_n * c.block_m +
+         2 * 4 * c.stages * c.block_m;
+}
+
+// fp32 accumulator registers per thread: dK and dV (16 rows x head_dim / split_d each), S^T and dP^T
+// (16 x block_m each).
+constexpr int bwd_accumulator_regs(const BwdConfig& c) {
+  return (2 * 16 * c.head_dim / c.split_d + 2 * 16 * c.block_m) / 32;
+}
+
+constexpr int kBwdMaxSmemSm80 = 163 * 1024;  // A100's per-CTA limit (H100: 227 KB)
+
+// clang-format off
+constexpr BwdConfig kBwdConfigs[] = {
+    {32,  64, 128, 8, 2, 1},  // 49 KB, 96 accumulators: 4 CTAs per H100 SM
+    {64,  64, 128, 8, 2, 1},  // 81 KB, 128 accumulators: 2 CTAs per SM
+    {96,  64, 128, 8, 2, 1},  // 113 KB, 160 accumulators
+    {128, 64, 128, 8, 2, 1},  // 145 KB, 192 accumulators: the FA2 shape (64 x 128, 8 warps), 1 CTA per SM
+    {192, 64, 64,  4, 2, 2},  // 153 KB, 160 accumulators: d split in 2 so dK, dV (96 columns) fit registers
+    {256, 32, 64,  4, 2, 2},  // 133 KB, 160 accumulators: block_m 32 keeps 2 stages of 256-wide q, dO on the A100
+};
+// clang-format on
+constexpr int kBwdHeadDims = sizeof(kBwdConfigs) / sizeof(kBwdConfigs[0]);
+
+constexpr bool bwd_config_ok(const BwdConfig& c) {
+  return c.block_n == 16 * c.warps && c.block_m % 16 == 0 && c.warps % (c.block_m / 16) == 0 &&
+         c.head_dim % (16 * c.split_d) == 0 && (c.head_dim / c.split_d) % (16 * (c.warps / (c.block_m / 16))) == 0 &&
+         c.stages == 2 && 32 * c.warps >= 2 * c.block_m && bwd_smem_bytes(c) <= kBwdMaxSmemSm80 &&
+         bwd_accumulator_regs(c) <= 192;
+}
+static_assert(bwd_config_ok(kBwdConfigs[0]) && bwd_config_ok(kBwdConfigs[1]) && bwd_config_ok(kBwdConfigs[2]) &&
+                  bwd_config_ok(kBwdConfigs[3]) && bwd_config_ok(kBwdConfigs[4]) && bwd_config_ok(kBwdConfigs[5]),
+              "a backward tile breaks the work split, the A100's shared memory or the register budget");
+
+// The smallest kernel head_dim >= head_dim (0 when head_dim > 256).
+constexpr int bwd_kernel_head_dim(int head_dim) {
+  for (const BwdConfig& c : kBwdConfigs)
+    if (head_dim <= c.head_dim) return c.head_dim;
+  return 0;
+}
+
+constexpr BwdConfig bwd_config(int kernel_head_dim) {
+  for (const BwdConfig& c : kBwdConfigs)
+    if (c.head_dim == kernel_head_dim) return c;
+  return {0, 0, 0, 0, 0, 0};
+}
+
+// What the three backward kernels read. Strides are in elements, 64-bit.
+struct BwdParams {
+  const void *q, *k, *v, *o, *dout;
+  void *dq, *dk, *dv;
+  const float* lse;  // (batch, num_heads, seqlen_q) or varlen (num_heads, total_q), natural log
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  const int32_t *cu_seqlens_q, *cu_seqlens_k;  // device arrays, or null
+  int32_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim;
+  int32_t group;      // num_heads / num_heads_kv
+  int64_t rows_q;     // q rows of all sequences: total_q (varlen) or batch * seqlen_q
+  int32_t num_m_blocks;  // ceil(seqlen_q / block_m), seqlen_q the longest
+  float softmax_scale;
+  float scale_log2;   // softmax_scale * log2(e)
+  float softcap;      // 0: off
+  float softcap_inv;  // softmax_scale / softcap
+  int32_t causal, window_left, window_right;
+  int32_t deterministic;
+  int32_t vectorized;  // every pointer 16-byte aligned, every stride and head_dim a multiple of 8
+  // Workspace.
+  float* d_sum;     // D = rowsum(dO * O): (num_heads, rows_q)
+  float* dq_accum;  // fp32 dQ / softmax_scale: (num_heads, rows_q, kernel head_dim)
+  int32_t* dq_semaphore;  // deterministic: (batch, num_heads, num_m_blocks, split_d) k-blocks done
+};
+
+}  // namespace flashattn::sm80

@@ -1,0 +1,486 @@
+// FA2 backward on mma.sync (FlashAttention-2, Algorithm 2), recomputing P from the forward's lse.
+//
+//   1. bwd_preprocess_kernel: D_i = rowsum(dO_i * O_i) in fp32; zeroes the fp32 dQ accumulator (and,
+//      deterministic, the semaphores).
+//   2. bwd_main_kernel: K/V blocks outer. A CTA keeps K_j, V_j (block_n x head_dim) in shared memory
+//      and loops over the query heads of its kv head (GQA: dK, dV sum over the group in registers,
+//      no workspace) and over the q-blocks i that see key block j (masked-out blocks skipped; only
+//      boundary blocks apply the element mask), with Q_i, dO_i, lse_i, D_i double-buffered by cp.async:
+//        S^T  = K_j Q_i^T                  P^T  = exp2(S^T * scale * log2e - lse * log2e)
+//        dP^T = V_j dO_i^T                 dS^T = P^T * (dP^T - D)  [* (1 - tanh^2) with softcap]
+//        dV_j += P^T dO_i                  dK_j += dS^T Q_i          (A operands straight from registers)
+//        dQ_i += dS K_j                    (dS^T through shared memory, fp32 atomics into the accumulator)
+//      dK_j * softmax_scale and dV_j are written in the dtype at the end.
+//   3. bwd_convert_dq_kernel: dq = dQ accumulator * softmax_scale in the dtype.
+// Computing S^T (keys as mma rows) instead of S lets each warp own whole key rows: the C fragments of
+// S^T and dS^T are the A fragments of the dV and dK products, so only dS makes a shared-memory trip.
+//
+// Deterministic mode: the dQ adds of the k-blocks that see q-block i happen in k-block order: a CTA
+// waits until the semaphore of (batch, head, i, d part) counts the k-blocks before it that visit i,
+// adds, then increments it. CTAs are dispatched in blockIdx order, lower k-blocks first, so the wait
+// always ends. fp32 adds in a fixed order give bit-identical dQ; dK, dV never use atomics.
+#pragma once
+
+#include <cstdint>
+
+#include "common/mask.hpp"
+#include "common/status.hpp"
+#include "cuda/common.cuh"
+#include "cuda/sm80/bwd_config.cuh"
+#include "cuda/sm80/mma.cuh"
+
+namespace flashattn::sm80 {
+
+// ---------------------------------------------------------------------------------------------
+// Backward-only primitives (mma.cuh has the shared ones).
+
+// cp.async of 4 bytes (lse, D), zero-filled when !valid.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem_dst)), "l"(gmem_src),
+               "r"(valid ? 4 : 0));
+}
+
+// dQ accumulator += (a, b) at addr (8-byte aligned): one vector atomic on sm_90.
+__device__ __forceinline__ void atomic_add2(float* addr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(addr), make_float2(a, b));
+#else
+  atomicAdd(addr, a);
+  atomicAdd(addr + 1, b);
+#endif
+}
+
+__device__ __forceinline__ int ld_acquire(const int32_t* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <class T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Two adjacent elements (col, col + 1) of a row whose first cols_valid columns exist.
+template <class T>
+__device__ __forceinline__ void store2(T* row, int col, int cols_valid, float a, float b, bool vectorized) {
+  if (vectorized) {  // head_dim % 8 == 0 and col even: both or neither are valid; 4-byte aligned
+    if (col < cols_valid) *reinterpret_cast<uint32_t*>(row + col) = pack2<T>(a, b);
+    return;
+  }
+  if (col < cols_valid) row[col] = from_float<T>(a);
+  if (col + 1 < cols_valid) row[col + 1] = from_float<T>(b);
+}
+
+// One sequence of the batch: first rows in the packed tensors, lengths, and where its q rows sit in
+// the (num_heads, rows_q) workspace arrays.
+struct BwdSeq {
+  int64_t q_start = 0, k_start = 0;  // varlen: packed row of the first token; else 0
+  int64_t batch_q = 0;               // non-varlen: the batch index (for batch strides); varlen: 0
+  int64_t ws_row = 0;                // row of token 0 in the workspace arrays
+  int32_t seqlen_q = 0, seqlen_k = 0;
+};
+
+__device__ __forceinline__ BwdSeq bwd_sequence(const BwdParams& p, int b) {
+  BwdSeq s;
+  if (p.cu_seqlens_q) {
+    s.q_start = p.cu_seqlens_q[b];
+    s.k_start = p.cu_seqlens_k[b];
+    s.seqlen_q = p.cu_seqlens_q[b + 1] - int32_t(s.q_start);
+    s.seqlen_k = p.cu_seqlens_k[b + 1] - int32_t(s.k_start);
+    s.ws_row = s.q_start;
+  } else {
+    s.batch_q = b;
+    s.seqlen_q = p.seqlen_q;
+    s.seqlen_k = p.seqlen_k;
+    s.ws_row = int64_t(b) * p.seqlen_q;
+  }
+  return s;
+}
+
+// Element offset of (row, head) of a tensor in sequence s (q side rows start at q_start).
+__device__ __forceinline__ int64_t bwd_offset(const BwdSeq& s, int64_t start, int64_t batch_stride, int64_t row_stride,
+                                              int64_t head_stride, int64_t row, int head) {
+  return s.batch_q * batch_stride + (start + row) * row_stride + int64_t(head) * head_stride;
+}
+
+// A [kRows][kCols] tile of rows [0, rows_valid) x columns [0, cols_valid) of a strided tensor into a
+// swizzled shared tile; the rest is zero-filled. Vectorized: 16-byte cp.async; else element loads.
+template <class T, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_valid, int cols_valid,
+                                          bool vectorized) {
+  using Tile = SmemTile<kRows, kCols>;
+  constexpr int kUnitsPerRow = kCols / 8;
+  constexpr int kUnits = kRows * kUnitsPerRow;
+  static_assert(kUnits % kThreads == 0, "every thread loads the same number of 16-byte units");
+#pragma unroll
+  for (int u = threadIdx.x; u < kUnits; u += kThreads) {
+    const int r = u / kUnitsPerRow, c = (u % kUnitsPerRow) * 8;
+    T* dst = smem + Tile::offset(r, c);
+    const bool row_ok = r < rows_valid;
+    if (vectorized) {
+      const bool valid = row_ok && c < cols_valid;
+      cp_async_16(dst, valid ? gmem + r * row_stride + c : gmem, valid);
+    } else {
+      T vals[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        vals[e] = (row_ok && c + e < cols_valid) ? gmem[r * row_stride + c + e] : from_float<T>(0.f);
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. D = rowsum(dO * O), zero the dQ accumulator and the semaphores. One warp per (q row, head).
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, int32_t num_semaphores) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;  // workspace row: (batch, q) flattened
+  const int h = blockIdx.y;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && p.dq_semaphore)
+    for (int i = threadIdx.x; i < num_semaphores; i += blockDim.x) p.dq_semaphore[i] = 0;
+  if (row >= p.rows_q) return;
+  int64_t off_o, off_do;
+  if (p.cu_seqlens_q) {
+    off_o = row * p.o_row_stride + int64_t(h) * p.o_head_stride;
+    off_do = row * p.do_row_stride + int64_t(h) * p.do_head_stride;
+  } else {
+    const int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
+    off_o = b * p.o_batch_stride + i * p.o_row_stride + int64_t(h) * p.o_head_stride;
+    off_do = b * p.do_batch_stride + i * p.do_row_stride + int64_t(h) * p.do_head_stride;
+  }
+  const T* o = static_cast<const T*>(p.o) + off_o;
+  const T* dout = static_cast<const T*>(p.dout) + off_do;
+  float sum = 0.f;
+  for (int c = lane; c < p.head_dim; c += 32) sum += to_float<T>(o[c]) * to_float<T>(dout[c]);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  const int64_t ws = int64_t(h) * p.rows_q + row;
+  if (lane == 0) p.d_sum[ws] = sum;
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + ws * kHeadDim);
+  for (int c = lane; c < kHeadDim / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// 3. dq = dQ accumulator * softmax_scale in the dtype. One warp per (q row, head).
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256) bwd_convert_dq_kernel(const BwdParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int h = blockIdx.y;
+  if (row >= p.rows_q) return;
+  int64_t off;
+  if (p.cu_seqlens_q) {
+    off = row * p.dq_row_stride + int64_t(h) * p.dq_head_stride;
+  } else {
+    const int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
+    off = b * p.dq_batch_stride + i * p.dq_row_stride + int64_t(h) * p.dq_head_stride;
+  }
+  T* dq = static_cast<T*>(p.dq) + off;
+  const float* acc = p.dq_accum + (int64_t(h) * p.rows_q + row) * kHeadDim;
+  for (int c = 2 * lane; c < p.head_dim; c += 64) store2<T>(dq, c, p.head_dim, acc[c] * p.softmax_scale,
+                                                             acc[c + 1] * p.softmax_scale, p.vectorized != 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. The main kernel.
+template <class T, int kHeadDim>
+struct BwdTraits {
+  static constexpr BwdConfig kConfig = bwd_config(kHeadDim);
+  static_assert(kConfig.head_dim == kHeadDim, "no backward config for this head_dim");
+  static constexpr int kBlockM = kConfig.block_m, kBlockN = kConfig.block_n, kWarps = kConfig.warps;
+  static constexpr int kThreads = 32 * kWarps, kSplitD = kConfig.split_d, kDimPart = kHeadDim / kSplitD;
+  // dQ_i (block_m x kDimPart) per iteration: warps tile it kDqWarpsM x kDqWarpsN, 16 x kDqCols each.
+  static constexpr int kDqWarpsM = kBlockM / 16, kDqWarpsN = kWarps / kDqWarpsM, kDqCols = kDimPart / kDqWarpsN;
+  using TileKV = SmemTile<kBlockN, kHeadDim>;  // K_j, V_j
+  using TileQ = SmemTile<kBlockM, kHeadDim>;   // Q_i, dO_i
+  using TileDs = SmemTile<kBlockN, kBlockM>;   // dS^T
+  static constexpr int kSmemBytes = bwd_smem_bytes(kConfig);
+  static_assert(kSmemBytes == 2 * TileKV::kBytes + 2 * 2 * TileQ::kBytes + TileDs::kBytes + 2 * 2 * kBlockM * 4);
+};
+
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_kernel(const BwdParams p) {
+  using Tr = BwdTraits<T, kHeadDim>;
+  using TileKV = typename Tr::TileKV;
+  using TileQ = typename Tr::TileQ;
+  using TileDs = typename Tr::TileDs;
+  constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kThreads = Tr::kThreads, kDimPart = Tr::kDimPart;
+  constexpr int kMTiles = kBlockM / 8;    // n8 tiles of S^T's q columns
+  constexpr int kDTiles = kDimPart / 8;   // n8 tiles of a warp's dK, dV columns
+  constexpr int kDqTiles = Tr::kDqCols / 8;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + TileKV::kElements;
+  T* sQ = sV + TileKV::kElements;      // [2][block_m x head_dim]
+  T* sDo = sQ + 2 * TileQ::kElements;  // [2][block_m x head_dim]
+  T* sDs = sDo + 2 * TileQ::kElements; // dS^T (block_n x block_m)
+  float* sLse = reinterpret_cast<float*>(sDs + TileDs::kElements);  // [2][block_m]
+  float* sD = sLse + 2 * kBlockM;                                   // [2][block_m]
+
+  const int part = blockIdx.x % Tr::kSplitD, n_block = blockIdx.x / Tr::kSplitD;
+  const int head_kv = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
+  const BwdSeq seq = bwd_sequence(p, b);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+  const int n0 = n_block * kBlockN, n1 = n0 + kBlockN;
+  if (n0 >= seqlen_k) return;
+  const bool vectorized = p.vectorized != 0;
+  const Mask mask(seqlen_q, seqlen_k, p.causal != 0, p.window_left, p.window_right);
+
+  // q-blocks that see this k-block: rows' visible key ranges grow with the row, so they are a range.
+  const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
+  int i_begin = 0;
+  while (i_begin < num_m && mask.key_end(min((i_begin + 1) * kBlockM, seqlen_q) - 1) <= n0) ++i_begin;
+  int i_end = i_begin;
+  while (i_end < num_m && mask.key_begin(int64_t(i_end) * kBlockM) < n1) ++i_end;
+  const int m_range = i_end - i_begin, num_iters = p.group * m_range;
+
+  const T* k_tile = static_cast<const T*>(p.k) +
+                    bwd_offset(seq, seq.k_start, p.k_batch_stride, p.k_row_stride, p.k_head_stride, n0, head_kv);
+  const T* v_tile = static_cast<const T*>(p.v) +
+                    bwd_offset(seq, seq.k_start, p.v_batch_stride, p.v_row_stride, p.v_head_stride, n0, head_kv);
+  load_tile<T, kBlockN, kHeadDim, kThreads>(sK, k_tile, p.k_row_stride, seqlen_k - n0, p.head_dim, vectorized);
+  load_tile<T, kBlockN, kHeadDim, kThreads>(sV, v_tile, p.v_row_stride, seqlen_k - n0, p.head_dim, vectorized);
+
+  // Iteration it: query head head_kv * group + it / m_range, q-block i_begin + it % m_range.
+  auto load_q_block = [&](int it, int buf) {
+    const int h = head_kv * p.group + it / m_range, m0 = (i_begin + it % m_range) * kBlockM;
+    const T* q_tile = static_cast<const T*>(p.q) +
+                      bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, h);
+    const T* do_tile = static_cast<const T*>(p.dout) +
+                       bwd_offset(seq, seq.q_start, p.do_batch_stride, p.do_row_stride, p.do_head_stride, m0, h);
+    load_tile<T, kBlockM, kHeadDim, kThreads>(sQ + buf * TileQ::kElements, q_tile, p.q_row_stride, seqlen_q - m0,
+                                              p.head_dim, vectorized);
+    load_tile<T, kBlockM, kHeadDim, kThreads>(sDo + buf * TileQ::kElements, do_tile, p.do_row_stride, seqlen_q - m0,
+                                              p.head_dim, vectorized);
+    const int64_t lse_row = p.cu_seqlens_q ? int64_t(h) * p.rows_q + seq.q_start + m0
+                                           : (seq.batch_q * p.num_heads + h) * p.seqlen_q + m0;
+    const int64_t d_row = int64_t(h) * p.rows_q + seq.ws_row + m0;
+    if (tid < kBlockM) {
+      const bool valid = m0 + tid < seqlen_q;
+      cp_async_4(sLse + buf * kBlockM + tid, p.lse + (valid ? lse_row + tid : 0), valid);
+    } else if (tid < 2 * kBlockM) {
+      const int r = tid - kBlockM;
+      const bool valid = m0 + r < seqlen_q;
+      cp_async_4(sD + buf * kBlockM + r, p.d_sum + (valid ? d_row + r : 0), valid);
+    }
+  };
+  if (num_iters > 0) load_q_block(0, 0);
+  cp_async_commit();
+
+  float acc_dk[kDTiles][4], acc_dv[kDTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < kDTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[nt][e] = acc_dv[nt][e] = 0.f;
+
+  const int warp_row = warp * 16;  // this warp's first key row in the block
+  const int d0 = part * kDimPart;  // first head_dim column of this CTA's dK, dV, dQ
+
+  for (int it = 0; it < num_iters; ++it) {
+    const int buf = it & 1;
+    cp_async_wait<0>();
+    __syncthreads();  // tile `it` landed; every warp is done with iteration it - 1 (its buffers, dS^T)
+    if (it + 1 < num_iters) load_q_block(it + 1, buf ^ 1);
+    cp_async_commit();
+
+    const int h = head_kv * p.group + it / m_range, m_block = i_begin + it % m_range, m0 = m_block * kBlockM;
+    const T* q_s = sQ + buf * TileQ::kElements;
+    const T* do_s = sDo + buf * TileQ::kElements;
+
+    // S^T = K_w Q^T and dP^T = V_w dO^T: (16 keys x block_m queries) per warp.
+    float s[kMTiles][4], dp[kMTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < kMTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a_k[4], a_v[4];
+      ldmatrix_x4(a_k, sK + TileKV::offset(warp_row + lane % 16, kk * 16 + 8 * (lane / 16)));
+      ldmatrix_x4(a_v, sV + TileKV::offset(warp_row + lane % 16, kk * 16 + 8 * (lane / 16)));
+#pragma unroll
+      for (int np = 0; np < kBlockM / 16; ++np) {
+        uint32_t b_q[4], b_do[4];
+        const int row = np * 16 + 8 * (lane / 16) + lane % 8, col = kk * 16 + 8 * ((lane / 8) % 2);
+        ldmatrix_x4(b_q, q_s + TileQ::offset(row, col));
+        ldmatrix_x4(b_do, do_s + TileQ::offset(row, col));
+        mma_16816<T>(s[2 * np], a_k, b_q[0], b_q[1]);
+        mma_16816<T>(s[2 * np + 1], a_k, b_q[2], b_q[3]);
+        mma_16816<T>(dp[2 * np], a_v, b_do[0], b_do[1]);
+        mma_16816<T>(dp[2 * np + 1], a_v, b_do[2], b_do[3]);
+      }
+    }
+
+    // P^T and dS^T in place of S^T and dP^T. Element (nt, e): key row warp_row + g + 8 (e / 2),
+    // query column nt * 8 + 2t + e % 2.
+    const int mlast = min(m0 + kBlockM, seqlen_q) - 1;
+    const bool need_mask = !(mask.key_begin(mlast) <= n0 && mask.key_end(m0) >= n1 && m0 + kBlockM <= seqlen_q &&
+                             n1 <= seqlen_k);
+    const float* lse_s = sLse + buf * kBlockM;
+    const float* dsum_s = sD + buf * kBlockM;
+#pragma unroll
+    for (int nt = 0; nt < kMTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = nt * 8 + 2 * t + (e & 1), row = warp_row + g + 8 * (e >> 1);
+        const float lse_log2 = lse_s[col] * kLog2e;
+        float pv, ds;
+        if (p.softcap > 0.f) {
+          const float th = tanhf(s[nt][e] * p.softcap_inv);
+          pv = exp2_fast(p.softcap * kLog2e * th - lse_log2);
+          ds = pv * (dp[nt][e] - dsum_s[col]) * (1.f - th * th);
+        } else {
+          pv = exp2_fast(s[nt][e] * p.scale_log2 - lse_log2);
+          ds = pv * (dp[nt][e] - dsum_s[col]);
+        }
+        if (need_mask && !(m0 + col < seqlen_q && mask.visible(m0 + col, n0 + row))) pv = ds = 0.f;
+        s[nt][e] = pv;
+        dp[nt][e] = ds;
+      }
+    }
+
+    // dV += P^T dO_i and dK += dS^T Q_i: A from the registers above, B = dO_i / Q_i [q][d] (.trans).
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / 16; ++ks) {
+      const uint32_t a_p[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]), pack2<T>(s[2 * ks][2], s[2 * ks][3]),
+                               pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                               pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+      const uint32_t a_ds[4] = {pack2<T>(dp[2 * ks][0], dp[2 * ks][1]), pack2<T>(dp[2 * ks][2], dp[2 * ks][3]),
+                                pack2<T>(dp[2 * ks + 1][0], dp[2 * ks + 1][1]),
+                                pack2<T>(dp[2 * ks + 1][2], dp[2 * ks + 1][3])};
+      // dS^T to shared memory for dQ (the same rounded values dK uses).
+      if (ks == 0) {
+#pragma unroll
+        for (int nt = 0; nt < kMTiles; ++nt) {
+          const int row = warp_row + g;
+          *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row, nt * 8) + 2 * t) = pack2<T>(dp[nt][0], dp[nt][1]);
+          *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row + 8, nt * 8) + 2 * t) =
+              pack2<T>(dp[nt][2], dp[nt][3]);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < kDimPart / 16; ++np) {
+        uint32_t b_do[4], b_q[4];
+        const int row = ks * 16 + 8 * ((lane / 8) % 2) + lane % 8, col = d0 + np * 16 + 8 * (lane / 16);
+        ldmatrix_x4_trans(b_do, do_s + TileQ::offset(row, col));
+        ldmatrix_x4_trans(b_q, q_s + TileQ::offset(row, col));
+        mma_16816<T>(acc_dv[2 * np], a_p, b_do[0], b_do[1]);
+        mma_16816<T>(acc_dv[2 * np + 1], a_p, b_do[2], b_do[3]);
+        mma_16816<T>(acc_dk[2 * np], a_ds, b_q[0], b_q[1]);
+        mma_16816<T>(acc_dk[2 * np + 1], a_ds, b_q[2], b_q[3]);
+      }
+    }
+    __syncthreads();  // dS^T complete
+
+    // dQ_i (block_m x kDimPart) += dS K_j: warp (wm, wn) owns rows 16 wm, columns kDqCols wn.
+    // A = dS from dS^T [key][q] (.trans), B = K_j [key][d] (.trans).
+    const int wm = warp % Tr::kDqWarpsM, wn = warp / Tr::kDqWarpsM, dq_col0 = d0 + wn * Tr::kDqCols;
+    float acc_dq[kDqTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < kDqTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dq[nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      uint32_t a_ds[4];
+      ldmatrix_x4_trans(a_ds, sDs + TileDs::offset(ks * 16 + lane % 8 + 8 * (lane / 16), wm * 16 + 8 * ((lane / 8) % 2)));
+#pragma unroll
+      for (int np = 0; np < kDqTiles / 2; ++np) {
+        uint32_t b_k[4];
+        ldmatrix_x4_trans(b_k, sK + TileKV::offset(ks * 16 + 8 * ((lane / 8) % 2) + lane % 8,
+                                                   dq_col0 + np * 16 + 8 * (lane / 16)));
+        mma_16816<T>(acc_dq[2 * np], a_ds, b_k[0], b_k[1]);
+        mma_16816<T>(acc_dq[2 * np + 1], a_ds, b_k[2], b_k[3]);
+      }
+    }
+
+    int32_t* semaphore = nullptr;
+    if (p.deterministic) {  // wait for the k-blocks before this one that visit q-block m_block
+      semaphore = p.dq_semaphore + ((int64_t(b) * p.num_heads + h) * p.num_m_blocks + m_block) * Tr::kSplitD + part;
+      const int expected = n_block - int(mask.key_begin(m0) / kBlockN);
+      if (tid == 0)
+        while (ld_acquire(semaphore) != expected) {
+        }
+      __syncthreads();
+    }
+    float* acc_rows = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+#pragma unroll
+    for (int nt = 0; nt < kDqTiles; ++nt) {
+      const int row = wm * 16 + g, col = dq_col0 + nt * 8 + 2 * t;
+      if (m0 + row < seqlen_q) atomic_add2(acc_rows + int64_t(row) * kHeadDim + col, acc_dq[nt][0], acc_dq[nt][1]);
+      if (m0 + row + 8 < seqlen_q)
+        atomic_add2(acc_rows + int64_t(row + 8) * kHeadDim + col, acc_dq[nt][2], acc_dq[nt][3]);
+    }
+    if (p.deterministic) {
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) atomicAdd(semaphore, 1);
+    }
+  }
+
+  // dK_j * softmax_scale and dV_j in the dtype (rows past seqlen_k and padded columns dropped).
+  T* dk = static_cast<T*>(p.dk) +
+          bwd_offset(seq, seq.k_start, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, n0, head_kv);
+  T* dv = static_cast<T*>(p.dv) +
+          bwd_offset(seq, seq.k_start, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, n0, head_kv);
+#pragma unroll
+  for (int nt = 0; nt < kDTiles; ++nt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_row + g + 8 * half, col = d0 + nt * 8 + 2 * t;
+      if (n0 + row >= seqlen_k) continue;
+      store2<T>(dk + int64_t(row) * p.dk_row_stride, col, p.head_dim, acc_dk[nt][2 * half] * p.softmax_scale,
+                acc_dk[nt][2 * half + 1] * p.softmax_scale, vectorized);
+      store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[nt][2 * half], acc_dv[nt][2 * half + 1],
+                vectorized);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host: the three launches on p's stream.
+template <class T, int kHeadDim>
+Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores) {
+  using Tr = BwdTraits<T, kHeadDim>;
+  if (bp.rows_q > 0) {
+    const dim3 grid(unsigned((bp.rows_q + 7) / 8), unsigned(bp.num_heads));
+    bwd_preprocess_kernel<T, kHeadDim><<<grid, 256, 0, stream>>>(bp, num_semaphores);
+    FA_CUDA_CHECK_LAUNCH("sm80 backward preprocess");
+  }
+  if (bp.seqlen_k > 0) {
+    auto kernel = bwd_main_kernel<T, kHeadDim>;
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+    const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN * Tr::kSplitD), unsigned(bp.num_heads_kv),
+                    unsigned(bp.batch));
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp);
+    FA_CUDA_CHECK_LAUNCH("sm80 backward main");
+  }
+  if (bp.rows_q > 0) {
+    const dim3 grid(unsigned((bp.rows_q + 7) / 8), unsigned(bp.num_heads));
+    bwd_convert_dq_kernel<T, kHeadDim><<<grid, 256, 0, stream>>>(bp);
+    FA_CUDA_CHECK_LAUNCH("sm80 backward convert dq");
+  }
+  return {};
+}
+
+// One explicit instantiation per (dtype, head_dim) translation unit.
+#define FLASHATTN_SM80_BWD_INSTANTIATE(T, D) \
+  template Status run_bwd<T, D>(const BwdParams&, cudaStream_t, int32_t);
+
+}  // namespace flashattn::sm80

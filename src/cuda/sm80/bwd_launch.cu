@@ -1,0 +1,146 @@
+// Entry points of the sm80 backward: the workspace size and the dispatch from (dtype, head_dim) to
+// the instantiation built in bwd_hdim<N>_<dtype>.cu (pruned by FLASHATTN_CUDA_HEAD_DIMS).
+//
+// Workspace (each part 256-byte aligned), all of it O(seqlen_q), none O(seqlen_q * seqlen_k):
+//   D = rowsum(dO * O)   fp32 (num_heads, rows_q)
+//   dQ accumulator       fp32 (num_heads, rows_q, kernel head_dim)
+//   semaphores           int32 (batch, num_heads, q-blocks, split_d), deterministic mode only
+// with rows_q = total_q (varlen) or batch * seqlen_q. GQA needs nothing more: a CTA sums dK, dV over
+// its kv head's group of query heads in registers.
+#include "common/layout.hpp"
+#include "cuda/common.cuh"
+#include "cuda/kernels.hpp"
+#include "cuda/sm80/bwd_config.cuh"
+#include "cuda/sm80/mma.cuh"
+
+namespace flashattn::sm80 {
+
+template <class T, int kHeadDim>
+Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores);
+
+namespace {
+
+using RunBwd = Status (*)(const BwdParams&, cudaStream_t, int32_t);
+struct BwdKernels {
+  int head_dim;
+  RunBwd fp16, bf16;
+};
+// The instantiations this build has (the sentinel keeps the table non-empty).
+constexpr BwdKernels kBwdKernels[] = {
+#if defined(FLASHATTN_HDIM_32)
+    {32, &run_bwd<__half, 32>, &run_bwd<__nv_bfloat16, 32>},
+#endif
+#if defined(FLASHATTN_HDIM_64)
+    {64, &run_bwd<__half, 64>, &run_bwd<__nv_bfloat16, 64>},
+#endif
+#if defined(FLASHATTN_HDIM_96)
+    {96, &run_bwd<__half, 96>, &run_bwd<__nv_bfloat16, 96>},
+#endif
+#if defined(FLASHATTN_HDIM_128)
+    {128, &run_bwd<__half, 128>, &run_bwd<__nv_bfloat16, 128>},
+#endif
+#if defined(FLASHATTN_HDIM_192)
+    {192, &run_bwd<__half, 192>, &run_bwd<__nv_bfloat16, 192>},
+#endif
+#if defined(FLASHATTN_HDIM_256)
+    {256, &run_bwd<__half, 256>, &run_bwd<__nv_bfloat16, 256>},
+#endif
+    {0, nullptr, nullptr},
+};
+
+constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+struct BwdWorkspace {
+  int kernel_head_dim = 0;
+  int64_t rows_q = 0;
+  int32_t num_m_blocks = 0, num_semaphores = 0;
+  size_t d_sum = 0, dq_accum = 0, semaphore = 0, total = 0;  // byte offsets, total size
+};
+
+BwdWorkspace workspace_layout(const fa_params& p) {
+  BwdWorkspace w;
+  w.kernel_head_dim = bwd_kernel_head_dim(p.head_dim);
+  if (w.kernel_head_dim == 0 || p.batch <= 0) return w;
+  const BwdConfig c = bwd_config(w.kernel_head_dim);
+  w.rows_q = is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q;
+  w.num_m_blocks = (p.seqlen_q + c.block_m - 1) / c.block_m;
+  w.num_semaphores = p.deterministic ? p.batch * p.num_heads * w.num_m_blocks * c.split_d : 0;
+  w.d_sum = 0;
+  w.dq_accum = align256(sizeof(float) * size_t(p.num_heads) * size_t(w.rows_q));
+  w.semaphore = w.dq_accum + align256(sizeof(float) * size_t(p.num_heads) * size_t(w.rows_q) * w.kernel_head_dim);
+  w.total = w.semaphore + align256(sizeof(int32_t) * size_t(w.num_semaphores));
+  return w;
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+}  // namespace flashattn::sm80
+
+namespace flashattn::cuda {
+
+size_t sm80_backward_workspace(const fa_params& p) { return sm80::workspace_layout(p).total; }
+
+Status sm80_backward(const fa_params& p) {
+  using namespace sm80;
+  if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16)
+    return unsupported("flashattn-sm80 backward supports fp16 and bf16 (got %s)", fa_dtype_name(p.dtype));
+  const BwdWorkspace w = workspace_layout(p);
+  if (w.kernel_head_dim == 0) return unsupported("flashattn-sm80 backward: head_dim %d exceeds 256", p.head_dim);
+  RunBwd run = nullptr;
+  for (const BwdKernels& k : kBwdKernels)
+    if (k.head_dim == w.kernel_head_dim) run = p.dtype == FA_FLOAT16 ? k.fp16 : k.bf16;
+  if (!run)
+    return unsupported("flashattn-sm80 backward: head_dim %d (kernel %d) was not built (FLASHATTN_CUDA_HEAD_DIMS)",
+                       p.head_dim, w.kernel_head_dim);
+  if (p.batch == 0 || p.seqlen_q + p.seqlen_k == 0) return {};
+  FA_RETURN_IF_ERROR(require_workspace(p, w.total, "flashattn-sm80 backward"));
+
+  BwdParams bp{};
+  bp.q = p.q, bp.k = p.k, bp.v = p.v, bp.o = p.o, bp.dout = p.dout;
+  bp.dq = p.dq, bp.dk = p.dk, bp.dv = p.dv, bp.lse = p.lse;
+  bp.q_batch_stride = p.q_batch_stride, bp.q_row_stride = p.q_row_stride, bp.q_head_stride = p.q_head_stride;
+  bp.k_batch_stride = p.k_batch_stride, bp.k_row_stride = p.k_row_stride, bp.k_head_stride = p.k_head_stride;
+  bp.v_batch_stride = p.v_batch_stride, bp.v_row_stride = p.v_row_stride, bp.v_head_stride = p.v_head_stride;
+  bp.o_batch_stride = p.o_batch_stride, bp.o_row_stride = p.o_row_stride, bp.o_head_stride = p.o_head_stride;
+  bp.do_batch_stride = p.do_batch_stride, bp.do_row_stride = p.do_row_stride, bp.do_head_stride = p.do_head_stride;
+  bp.dq_batch_stride = p.dq_batch_stride, bp.dq_row_stride = p.dq_row_stride, bp.dq_head_stride = p.dq_head_stride;
+  bp.dk_batch_stride = p.dk_batch_stride, bp.dk_row_stride = p.dk_row_stride, bp.dk_head_stride = p.dk_head_stride;
+  bp.dv_batch_stride = p.dv_batch_stride, bp.dv_row_stride = p.dv_row_stride, bp.dv_head_stride = p.dv_head_stride;
+  bp.cu_seqlens_q = p.cu_seqlens_q, bp.cu_seqlens_k = p.cu_seqlens_k;
+  bp.batch = p.batch, bp.seqlen_q = p.seqlen_q, bp.seqlen_k = p.seqlen_k;
+  bp.num_heads = p.num_heads, bp.num_heads_kv = p.num_heads_kv, bp.head_dim = p.head_dim;
+  bp.group = p.num_heads / p.num_heads_kv;
+  bp.rows_q = w.rows_q;
+  bp.num_m_blocks = w.num_m_blocks;
+  bp.softmax_scale = effective_scale(p);
+  bp.scale_log2 = bp.softmax_scale * kLog2e;
+  bp.softcap = p.softcap;
+  bp.softcap_inv = p.softcap > 0.f ? bp.softmax_scale / p.softcap : 0.f;
+  bp.causal = p.causal, bp.window_left = p.window_left, bp.window_right = p.window_right;
+  bp.deterministic = p.deterministic != 0;
+
+  // 16-byte vector loads and stores need aligned bases and strides in multiples of 8 elements.
+  bool vec = p.head_dim % 8 == 0;
+  for (const void* ptr : {p.q, p.k, p.v, p.o, p.dout, static_cast<const void*>(p.dq), static_cast<const void*>(p.dk),
+                          static_cast<const void*>(p.dv)})
+    vec = vec && aligned16(ptr);
+  const int64_t strides[] = {p.q_row_stride,  p.q_head_stride,  p.k_row_stride,  p.k_head_stride,  p.v_row_stride,
+                             p.v_head_stride, p.o_row_stride,   p.o_head_stride, p.do_row_stride, p.do_head_stride,
+                             p.dq_row_stride, p.dq_head_stride, p.dk_row_stride, p.dk_head_stride, p.dv_row_stride,
+                             p.dv_head_stride};
+  for (int64_t s : strides) vec = vec && s % 8 == 0;
+  if (!is_varlen(p))
+    for (int64_t s : {p.q_batch_stride, p.k_batch_stride, p.v_batch_stride, p.o_batch_stride, p.do_batch_stride,
+                      p.dq_batch_stride, p.dk_batch_stride, p.dv_batch_stride})
+      vec = vec && s % 8 == 0;
+  bp.vectorized = vec;
+
+  char* ws = static_cast<char*>(p.workspace);
+  bp.d_sum = reinterpret_cast<float*>(ws + w.d_sum);
+  bp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  bp.dq_semaphore = w.num_semaphores > 0 ? reinterpret_cast<int32_t*>(ws + w.semaphore) : nullptr;
+  return run(bp, stream_of(p), w.num_semaphores);
+}
+
+}  // namespace flashattn::cuda
