@@ -1,0 +1,68 @@
+// The test harness every implementation is checked with, CPU and CUDA alike.
+//
+// One check = fresh random inputs (normal, seeded) rounded to the dtype, outputs poisoned with NaN
+// bytes, the implementation run with its tensors in host or device memory, then compared with
+//   - the oracle: FA_IMPL_CPU_REFERENCE (accumulates in double) on fp32 copies of the rounded inputs;
+//   - the plain implementation (plain.hpp): standard attention in the input's precision, as PyTorch
+//     would compute it, whose error against the oracle sets the bound.
+// The rule of the anchor suite: max|out - ref| <= 2 * max|plain - ref| + atol (gradients: 3x), atol
+// the dtype's rounding at the magnitude of ref; NaN never passes; every output element must be
+// written; memory beside a strided view must stay untouched.
+//
+// Seeds: each check draws a fresh seed (random_device mixed with the case name) unless one is given
+// or FA_TEST_SEED is set in the environment; a failure prints the seed to reproduce it.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashattn/flashattn.h"
+
+namespace fa_test {
+
+enum class Space { Host, Cuda };  // where the tensors live for the implementation under test
+
+struct Case {  // one problem
+  int batch = 1, seqlen_q = 1, seqlen_k = 1, num_heads = 1, num_heads_kv = 1, head_dim = 64;
+  fa_dtype dtype = FA_FLOAT16;
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  float softmax_scale = 0.f;
+  std::vector<int> seqlens_q, seqlens_k;  // non-empty: varlen (packed) with these lengths (may contain 0)
+  bool bhsd = false;                      // memory laid out (batch, heads, seqlen, head_dim)
+  int row_padding = 0;                    // extra elements after each head vector and each row
+  bool deterministic = false;
+  int num_splits = 0;           // CUDA forward split-KV (0 heuristic, 1 off, n splits)
+  int64_t cpu_cache_bytes = 0;  // CPU block-size budget M (small values force many blocks)
+  int num_threads = 0;          // CPU threads (0: every core)
+  std::string name() const;     // readable, for test names / messages
+};
+
+// Built with CUDA and a GPU exists.
+bool cuda_present();
+
+// Skips the current test when no GPU is usable (use at the top of CUDA tests).
+#define FA_SKIP_WITHOUT_CUDA() \
+  if (!::fa_test::cuda_present()) GTEST_SKIP() << "no CUDA GPU (or this build has no CUDA)"
+
+// Forward: o (and lse) against the reference by the rule; every element written, lse -inf exactly
+// where the reference's is, fully masked rows exactly 0.
+::testing::AssertionResult check_forward(const Case&, fa_impl impl, Space space, uint64_t seed = 0);
+// Forward with impl, then backward from its o and lse; dq, dk, dv against the reference gradient (3x).
+::testing::AssertionResult check_backward(const Case&, fa_impl impl, Space space, uint64_t seed = 0);
+// Backward twice on the same inputs: dq, dk, dv bit-identical.
+::testing::AssertionResult check_backward_deterministic(const Case&, fa_impl impl, Space space, uint64_t seed = 0);
+
+// The awkward-shape lists every implementation is tested on (head dims, seqlens, masks, GQA/MQA,
+// varlen with zero-length sequences, strided views), limited to head_dim <= max_head_dim.
+std::vector<Case> standard_forward_cases(fa_dtype dtype, int max_head_dim);
+std::vector<Case> standard_backward_cases(fa_dtype dtype, int max_head_dim);
+
+// A gtest parameter name for a case: the name with every non-alphanumeric character made '_'.
+std::string test_name(const std::string& readable);
+
+}  // namespace fa_test

@@ -1,0 +1,182 @@
+// The plain implementation: standard attention in the input's precision, each intermediate
+// rounded to the dtype as PyTorch's eager ops would store it (matmuls accumulate in fp32).
+// Its error against the oracle is the yardstick of the anchor rule.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/dtype.hpp"
+#include "common/mask.hpp"
+#include "support/problem.hpp"
+
+namespace fa_test {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// One (sequence, query head): S, P and the softcap's tanh, all (seqlen_q, seqlen_k).
+struct Head {
+  const Problem& pr;
+  SeqRange s;
+  int h, hk, d;
+  fa_dtype dt;
+  flashattn::Mask mask;
+  std::vector<float> p, t;  // P (rounded), tanh of the scaled scores (softcap only)
+
+  Head(const Problem& problem, int b, int head)
+      : pr(problem), s(problem.seq(b)), h(head), hk(head / (problem.c.num_heads / problem.c.num_heads_kv)),
+        d(problem.c.head_dim), dt(problem.c.dtype),
+        mask(int32_t(s.seqlen_q), int32_t(s.seqlen_k), problem.c.causal, problem.c.window_left, problem.c.window_right) {}
+
+  float r(float x) const { return flashattn::round_to(x, dt); }
+  size_t qi(int64_t i) const { return size_t(((s.bq * pr.rows_q + s.q_start + i) * pr.c.num_heads + h) * d); }
+  size_t ki(int64_t j) const { return size_t(((s.bk * pr.rows_k + s.k_start + j) * pr.c.num_heads_kv + hk) * d); }
+
+  void forward() {
+    const int64_t sq = s.seqlen_q, sk = s.seqlen_k;
+    const float cap = pr.c.softcap;
+    p.assign(size_t(sq * sk), 0.f);
+    t.assign(size_t(sq * sk), 0.f);
+    std::vector<float> row(static_cast<size_t>(sk));
+    for (int64_t i = 0; i < sq; ++i) {
+      std::fill(row.begin(), row.end(), kNegInf);
+      const float* q = &pr.qf[qi(i)];
+      for (int64_t j = mask.key_begin(i); j < mask.key_end(i); ++j) {
+        const float* k = &pr.kf[ki(j)];
+        float acc = 0.f;
+        for (int c = 0; c < d; ++c) acc += q[c] * k[c];
+        float x = r(acc * pr.scale);
+        if (cap > 0.f) {
+          float th = std::tanh(x / cap);
+          t[size_t(i * sk + j)] = th;
+          x = r(cap * th);
+        }
+        row[size_t(j)] = x;
+      }
+      float m = kNegInf;
+      for (float x : row) m = std::max(m, x);
+      if (m == kNegInf) continue;  // fully masked row: P = 0
+      float l = 0.f;
+      for (float& x : row) l += (x = std::exp(x - m));
+      for (int64_t j = 0; j < sk; ++j) p[size_t(i * sk + j)] = r(row[size_t(j)] / l);
+    }
+  }
+};
+
+}  // namespace
+
+Outputs plain_forward(const Problem& pr) {
+  Outputs out;
+  const int d = pr.c.head_dim;
+  out.o.assign(pr.qf.size(), 0.f);
+  const int nbatch = pr.varlen ? int(pr.cu_q.size()) - 1 : pr.c.batch, nh = pr.c.num_heads;
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < nbatch; ++b)
+    for (int h = 0; h < nh; ++h) {
+      Head hd(pr, b, h);
+      hd.forward();
+      const int64_t sq = hd.s.seqlen_q, sk = hd.s.seqlen_k;
+      std::vector<float> acc(static_cast<size_t>(d));
+      for (int64_t i = 0; i < sq; ++i) {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t j = 0; j < sk; ++j) {
+          float pij = hd.p[size_t(i * sk + j)];
+          if (pij == 0.f) continue;
+          const float* v = &pr.vf[hd.ki(j)];
+          for (int c = 0; c < d; ++c) acc[size_t(c)] += pij * v[c];
+        }
+        for (int c = 0; c < d; ++c) out.o[hd.qi(i) + size_t(c)] = hd.r(acc[size_t(c)]);
+      }
+    }
+  return out;
+}
+
+Outputs plain_backward(const Problem& pr) {
+  Outputs out;
+  const int d = pr.c.head_dim;
+  out.dq.assign(pr.qf.size(), 0.f);
+  out.dk.assign(pr.kf.size(), 0.f);
+  out.dv.assign(pr.vf.size(), 0.f);
+  const int nbatch = pr.varlen ? int(pr.cu_q.size()) - 1 : pr.c.batch, nhk = pr.c.num_heads_kv;
+  const int group = pr.c.num_heads / nhk;
+  const float cap = pr.c.softcap;
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < nbatch; ++b)
+    for (int hk = 0; hk < nhk; ++hk) {
+      SeqRange s = pr.seq(b);
+      const int64_t sq = s.seqlen_q, sk = s.seqlen_k;
+      // The group's dK, dV: each query head's contribution rounded, summed in fp32 (what the
+      // backward of an expanded k / v does), rounded once more.
+      std::vector<float> dk_sum(size_t(sk * d), 0.f), dv_sum(size_t(sk * d), 0.f);
+      for (int h = hk * group; h < (hk + 1) * group; ++h) {
+        Head hd(pr, b, h);
+        hd.forward();
+        std::vector<float> ds(size_t(sq * sk), 0.f), acc(static_cast<size_t>(d));
+        for (int64_t i = 0; i < sq; ++i) {
+          const float* dout = &pr.dof[hd.qi(i)];
+          // dP_ij = round(dO_i . V_j); D_i = sum_j P_ij dP_ij; dS_ij = round(P_ij (dP_ij - D_i))
+          std::vector<float> dp(size_t(sk), 0.f);
+          float D = 0.f;
+          for (int64_t j = 0; j < sk; ++j) {
+            float pij = hd.p[size_t(i * sk + j)];
+            if (pij == 0.f) continue;
+            const float* v = &pr.vf[hd.ki(j)];
+            float a = 0.f;
+            for (int c = 0; c < d; ++c) a += dout[c] * v[c];
+            dp[size_t(j)] = hd.r(a);
+            D += pij * dp[size_t(j)];
+          }
+          for (int64_t j = 0; j < sk; ++j) {
+            float pij = hd.p[size_t(i * sk + j)];
+            if (pij == 0.f) continue;
+            float x = hd.r(pij * (dp[size_t(j)] - D));
+            if (cap > 0.f) {
+              float th = hd.t[size_t(i * sk + j)];
+              x = hd.r(x * (1.f - th * th));
+            }
+            ds[size_t(i * sk + j)] = hd.r(x * pr.scale);
+          }
+        }
+        // dQ_i = round(sum_j dS_ij K_j)
+        for (int64_t i = 0; i < sq; ++i) {
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (int64_t j = 0; j < sk; ++j) {
+            float x = ds[size_t(i * sk + j)];
+            if (x == 0.f) continue;
+            const float* k = &pr.kf[hd.ki(j)];
+            for (int c = 0; c < d; ++c) acc[size_t(c)] += x * k[c];
+          }
+          for (int c = 0; c < d; ++c) out.dq[hd.qi(i) + size_t(c)] = hd.r(acc[size_t(c)]);
+        }
+        // dK_j = round(sum_i dS_ij Q_i), dV_j = round(sum_i P_ij dO_i)
+        std::vector<float> acc_v(static_cast<size_t>(d));
+        for (int64_t j = 0; j < sk; ++j) {
+          std::fill(acc.begin(), acc.end(), 0.f);
+          std::fill(acc_v.begin(), acc_v.end(), 0.f);
+          for (int64_t i = 0; i < sq; ++i) {
+            float x = ds[size_t(i * sk + j)], pij = hd.p[size_t(i * sk + j)];
+            const float* q = &pr.qf[hd.qi(i)];
+            const float* dout = &pr.dof[hd.qi(i)];
+            if (x != 0.f)
+              for (int c = 0; c < d; ++c) acc[size_t(c)] += x * q[c];
+            if (pij != 0.f)
+              for (int c = 0; c < d; ++c) acc_v[size_t(c)] += pij * dout[c];
+          }
+          for (int c = 0; c < d; ++c) {
+            dk_sum[size_t(j * d + c)] += hd.r(acc[size_t(c)]);
+            dv_sum[size_t(j * d + c)] += hd.r(acc_v[size_t(c)]);
+          }
+        }
+      }
+      for (int64_t j = 0; j < sk; ++j) {
+        size_t base = size_t(((s.bk * pr.rows_k + s.k_start + j) * nhk + hk) * d);
+        for (int c = 0; c < d; ++c) {
+          out.dk[base + size_t(c)] = flashattn::round_to(dk_sum[size_t(j * d + c)], pr.c.dtype);
+          out.dv[base + size_t(c)] = flashattn::round_to(dv_sum[size_t(j * d + c)], pr.c.dtype);
+        }
+      }
+    }
+  return out;
+}
+
+}  // namespace fa_test

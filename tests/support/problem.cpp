@@ -1,0 +1,272 @@
+// Host tensors, random problems and the oracle runs of the harness.
+#include "support/problem.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+#include "common/dtype.hpp"
+
+namespace fa_test {
+
+void HostTensor::poison() { std::fill(bytes.begin(), bytes.end(), 0xFF); }
+
+void HostTensor::set(const std::vector<float>& values) {
+  int64_t i = 0;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        int64_t off = offset(b, r, h);
+        for (int64_t c = 0; c < dim; ++c) flashattn::store_element(bytes.data(), off + c, values[size_t(i++)], dtype);
+      }
+}
+
+std::vector<float> HostTensor::get() const {
+  std::vector<float> values(static_cast<size_t>(count()));
+  int64_t i = 0;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        int64_t off = offset(b, r, h);
+        for (int64_t c = 0; c < dim; ++c) values[size_t(i++)] = flashattn::load_element(bytes.data(), off + c, dtype);
+      }
+  return values;
+}
+
+bool HostTensor::outside_view_untouched() const {
+  std::vector<char> in_view(bytes.size(), 0);
+  const size_t es = element_size();
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < heads; ++h) {
+        size_t begin = size_t(offset(b, r, h)) * es;
+        std::fill(in_view.begin() + begin, in_view.begin() + begin + size_t(dim) * es, 1);
+      }
+  for (size_t i = 0; i < bytes.size(); ++i)
+    if (!in_view[i] && bytes[i] != 0xFF) return false;
+  return true;
+}
+
+std::string HostTensor::index_name(int64_t logical) const {
+  int64_t c = logical % dim, rest = logical / dim;
+  int64_t h = rest % heads;
+  rest /= heads;
+  int64_t r = rest % rows, b = rest / rows;
+  return "(b " + std::to_string(b) + ", row " + std::to_string(r) + ", head " + std::to_string(h) + ", col " +
+         std::to_string(c) + ")";
+}
+
+HostTensor make_tensor(fa_dtype dtype, int64_t nb, int64_t rows, int64_t heads, int64_t dim, bool bhsd, int padding) {
+  HostTensor t;
+  t.dtype = dtype;
+  t.nb = nb;
+  t.rows = rows;
+  t.heads = heads;
+  t.dim = dim;
+  if (bhsd) {
+    t.row_stride = dim + padding;
+    t.head_stride = rows * t.row_stride + padding;
+    t.batch_stride = heads * t.head_stride + padding;
+  } else {
+    t.head_stride = dim + padding;
+    t.row_stride = heads * t.head_stride + padding;
+    t.batch_stride = rows * t.row_stride + padding;
+  }
+  int64_t elements = t.count() == 0 ? 0 : nb * t.batch_stride + padding;
+  t.bytes.assign(size_t(elements) * t.element_size(), 0xFF);
+  return t;
+}
+
+SeqRange Problem::seq(int b) const {
+  SeqRange s;
+  if (varlen) {
+    s.q_start = cu_q[size_t(b)];
+    s.k_start = cu_k[size_t(b)];
+    s.seqlen_q = cu_q[size_t(b) + 1] - cu_q[size_t(b)];
+    s.seqlen_k = cu_k[size_t(b) + 1] - cu_k[size_t(b)];
+  } else {
+    s.bq = s.bk = b;
+    s.seqlen_q = c.seqlen_q;
+    s.seqlen_k = c.seqlen_k;
+  }
+  return s;
+}
+
+fa_params Problem::params() {
+  fa_params p;
+  fa_params_init(&p);
+  auto strides = [](const HostTensor& t, int64_t& bs, int64_t& rs, int64_t& hs) {
+    bs = t.batch_stride;
+    rs = t.row_stride;
+    hs = t.head_stride;
+  };
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.o = o.data();
+  p.lse = lse.empty() ? nullptr : lse.data();
+  p.dout = dout.data();
+  p.dq = dq.data();
+  p.dk = dk.data();
+  p.dv = dv.data();
+  strides(q, p.q_batch_stride, p.q_row_stride, p.q_head_stride);
+  strides(k, p.k_batch_stride, p.k_row_stride, p.k_head_stride);
+  strides(v, p.v_batch_stride, p.v_row_stride, p.v_head_stride);
+  strides(o, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+  strides(dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+  strides(dq, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+  strides(dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  strides(dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  p.batch = varlen ? int32_t(cu_q.size() - 1) : c.batch;
+  p.seqlen_q = max_seqlen_q;
+  p.seqlen_k = max_seqlen_k;
+  p.num_heads = c.num_heads;
+  p.num_heads_kv = c.num_heads_kv;
+  p.head_dim = c.head_dim;
+  if (varlen) {
+    p.cu_seqlens_q = cu_q.data();
+    p.cu_seqlens_k = cu_k.data();
+    p.total_q = rows_q;
+    p.total_k = rows_k;
+  }
+  p.dtype = c.dtype;
+  p.softmax_scale = c.softmax_scale;
+  p.causal = c.causal ? 1 : 0;
+  p.window_left = c.window_left;
+  p.window_right = c.window_right;
+  p.softcap = c.softcap;
+  p.deterministic = c.deterministic ? 1 : 0;
+  p.num_threads = c.num_threads;
+  p.cpu_cache_bytes = c.cpu_cache_bytes;
+  p.num_splits = c.num_splits;
+  return p;
+}
+
+uint64_t fresh_seed(const std::string& name) {
+  if (const char* env = std::getenv("FA_TEST_SEED")) return std::strtoull(env, nullptr, 0);
+  static std::random_device device;
+  uint64_t s = (uint64_t(device()) << 32) ^ device();
+  return s ^ std::hash<std::string>{}(name);
+}
+
+Problem make_problem(const Case& c, uint64_t seed) {
+  Problem pr;
+  pr.c = c;
+  pr.seed = seed != 0 ? seed : fresh_seed(c.name());
+  pr.varlen = !c.seqlens_q.empty();
+  if (pr.varlen) {
+    if (c.seqlens_k.size() != c.seqlens_q.size()) throw std::invalid_argument("Case: seqlens_q and seqlens_k differ in size");
+    pr.cu_q.assign(1, 0);
+    pr.cu_k.assign(1, 0);
+    for (size_t b = 0; b < c.seqlens_q.size(); ++b) {
+      pr.cu_q.push_back(pr.cu_q.back() + c.seqlens_q[b]);
+      pr.cu_k.push_back(pr.cu_k.back() + c.seqlens_k[b]);
+      pr.max_seqlen_q = std::max(pr.max_seqlen_q, c.seqlens_q[b]);
+      pr.max_seqlen_k = std::max(pr.max_seqlen_k, c.seqlens_k[b]);
+    }
+    pr.nb = 1;
+    pr.rows_q = pr.cu_q.back();
+    pr.rows_k = pr.cu_k.back();
+  } else {
+    pr.nb = c.batch;
+    pr.rows_q = pr.max_seqlen_q = c.seqlen_q;
+    pr.rows_k = pr.max_seqlen_k = c.seqlen_k;
+  }
+  pr.scale = c.softmax_scale != 0.f ? c.softmax_scale : 1.f / std::sqrt(float(c.head_dim));
+  const int h = c.num_heads, hk = c.num_heads_kv, d = c.head_dim, pad = c.row_padding;
+  const fa_dtype dt = c.dtype;
+  pr.q = make_tensor(dt, pr.nb, pr.rows_q, h, d, c.bhsd, pad);
+  pr.o = make_tensor(dt, pr.nb, pr.rows_q, h, d, c.bhsd, pad);
+  pr.dout = make_tensor(dt, pr.nb, pr.rows_q, h, d, c.bhsd, pad);
+  pr.dq = make_tensor(dt, pr.nb, pr.rows_q, h, d, c.bhsd, pad);
+  pr.k = make_tensor(dt, pr.nb, pr.rows_k, hk, d, c.bhsd, pad);
+  pr.v = make_tensor(dt, pr.nb, pr.rows_k, hk, d, c.bhsd, pad);
+  pr.dk = make_tensor(dt, pr.nb, pr.rows_k, hk, d, c.bhsd, pad);
+  pr.dv = make_tensor(dt, pr.nb, pr.rows_k, hk, d, c.bhsd, pad);
+  pr.lse.assign(size_t(pr.nb * h * pr.rows_q), std::numeric_limits<float>::quiet_NaN());
+
+  std::mt19937_64 rng(pr.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto fill = [&](HostTensor& t, std::vector<float>& logical) {
+    logical.resize(size_t(t.count()));
+    for (float& x : logical) x = flashattn::round_to(normal(rng), dt);
+    t.set(logical);
+  };
+  fill(pr.q, pr.qf);
+  fill(pr.k, pr.kf);
+  fill(pr.v, pr.vf);
+  fill(pr.dout, pr.dof);
+  return pr;
+}
+
+namespace {
+
+// The problem again in fp32, contiguous, with the same values: what the reference reads.
+struct Fp32Copy {
+  Problem pr;
+  explicit Fp32Copy(const Problem& src) : pr() {
+    pr.c = src.c;
+    pr.c.dtype = FA_FLOAT32;
+    pr.c.bhsd = false;
+    pr.c.row_padding = 0;
+    pr.c.num_threads = 0;
+    pr.varlen = src.varlen;
+    pr.nb = src.nb;
+    pr.rows_q = src.rows_q;
+    pr.rows_k = src.rows_k;
+    pr.max_seqlen_q = src.max_seqlen_q;
+    pr.max_seqlen_k = src.max_seqlen_k;
+    pr.cu_q = src.cu_q;
+    pr.cu_k = src.cu_k;
+    pr.scale = src.scale;
+    const int h = src.c.num_heads, hk = src.c.num_heads_kv, d = src.c.head_dim;
+    auto make = [&](int64_t rows, int heads) { return make_tensor(FA_FLOAT32, pr.nb, rows, heads, d, false, 0); };
+    pr.q = make(pr.rows_q, h);
+    pr.o = make(pr.rows_q, h);
+    pr.dout = make(pr.rows_q, h);
+    pr.dq = make(pr.rows_q, h);
+    pr.k = make(pr.rows_k, hk);
+    pr.v = make(pr.rows_k, hk);
+    pr.dk = make(pr.rows_k, hk);
+    pr.dv = make(pr.rows_k, hk);
+    pr.q.set(src.qf);
+    pr.k.set(src.kf);
+    pr.v.set(src.vf);
+    pr.dout.set(src.dof);
+    pr.lse.assign(src.lse.size(), std::numeric_limits<float>::quiet_NaN());
+  }
+};
+
+void expect_ok(fa_status s, const char* what) {
+  if (s != FA_OK)
+    throw std::runtime_error(std::string("the reference ") + what + " failed: " + fa_status_name(s) + ": " + fa_last_error());
+}
+
+}  // namespace
+
+Outputs reference_forward(const Problem& src) {
+  Fp32Copy copy(src);
+  fa_params p = copy.pr.params();
+  expect_ok(fa_forward(&p, FA_IMPL_CPU_REFERENCE), "forward");
+  Outputs out;
+  out.o = copy.pr.o.get();
+  out.lse = copy.pr.lse;
+  return out;
+}
+
+Outputs reference_backward(const Problem& src) {
+  Fp32Copy copy(src);
+  fa_params p = copy.pr.params();
+  expect_ok(fa_forward(&p, FA_IMPL_CPU_REFERENCE), "forward");
+  expect_ok(fa_backward(&p, FA_IMPL_CPU_REFERENCE), "backward");
+  Outputs out;
+  out.o = copy.pr.o.get();
+  out.lse = copy.pr.lse;
+  out.dq = copy.pr.dq.get();
+  out.dk = copy.pr.dk.get();
+  out.dv = copy.pr.dv.get();
+  return out;
+}
+
+}  // namespace fa_test

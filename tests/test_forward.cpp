@@ -1,0 +1,42 @@
+// Every CPU forward implementation against the fp64 reference with the anchor rule, on the
+// standard awkward-shape list (head dims, seqlens, masks, GQA/MQA, varlen, strided views) in
+// fp32, fp16 and bf16.
+#include <gtest/gtest.h>
+
+#include "support/harness.hpp"
+
+namespace {
+
+using fa_test::Case;
+
+struct ForwardParam {
+  fa_impl impl;
+  Case c;
+};
+
+std::vector<ForwardParam> forward_params(fa_impl impl) {
+  std::vector<ForwardParam> out;
+  for (fa_dtype dt : {FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16})
+    for (const Case& c : fa_test::standard_forward_cases(dt, 1024)) out.push_back({impl, c});
+  return out;
+}
+
+std::string param_name(const testing::TestParamInfo<ForwardParam>& info) { return fa_test::test_name(info.param.c.name()); }
+
+class Fa2Forward : public testing::TestWithParam<ForwardParam> {};
+TEST_P(Fa2Forward, MatchesReference) { EXPECT_TRUE(fa_test::check_forward(GetParam().c, GetParam().impl, fa_test::Space::Host)); }
+INSTANTIATE_TEST_SUITE_P(Standard, Fa2Forward, testing::ValuesIn(forward_params(FA_IMPL_CPU_FA2)), param_name);
+
+class Fa1Forward : public testing::TestWithParam<ForwardParam> {};
+TEST_P(Fa1Forward, MatchesReference) { EXPECT_TRUE(fa_test::check_forward(GetParam().c, GetParam().impl, fa_test::Space::Host)); }
+INSTANTIATE_TEST_SUITE_P(Standard, Fa1Forward, testing::ValuesIn(forward_params(FA_IMPL_CPU_FA1)), param_name);
+
+// The reference in the input dtype, on strided / packed memory, against itself on contiguous fp32
+// copies: checks its addressing of every layout and its rounding of the output.
+class ReferenceForward : public testing::TestWithParam<ForwardParam> {};
+TEST_P(ReferenceForward, InDtypeMatchesFp32Copy) {
+  EXPECT_TRUE(fa_test::check_forward(GetParam().c, GetParam().impl, fa_test::Space::Host));
+}
+INSTANTIATE_TEST_SUITE_P(Standard, ReferenceForward, testing::ValuesIn(forward_params(FA_IMPL_CPU_REFERENCE)), param_name);
+
+}  // namespace
