@@ -116,7 +116,7 @@ struct Consumer {
   }
 
   // O += P v: P (64, block_n) from registers as the A operand, v (block_n, head_dim) MN-major.
-  __device__ __forceinline__ void gemm_pv(const uint32_t (&p)[kN / 16][4], const uint8_t* v) {
+  __device__ __forceinline__ void gemm_pv(uint32_t (&p)[kN / 16][4], const uint8_t* v) {
     const uint32_t v_addr = smem_addr(v);
     fence_registers(o);
     wgmma_fence();
@@ -128,6 +128,8 @@ struct Consumer {
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(o);
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) fence_registers(p[kk]);  // read by the tensor cores until here
   }
 
   // Scores to the exp2 domain (scale, softcap) and masked by index where the block needs it.

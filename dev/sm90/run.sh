@@ -1,0 +1,35 @@
+#!/bin/bash
+# The Hopper forward's device run, one command: build the dev harness with parallel nvcc, check
+# it against the fp64 reference on many shapes, run compute-sanitizer on small shapes, time the
+# standard sweep. Logs go to $OUT. Usage (repository root): dev/sm90/run.sh [check] [sanitize] [bench]
+set -u
+OUT=${OUT:-/tmp/sm90-out}
+mkdir -p "$OUT"
+STEPS=${*:-check sanitize bench}
+B=build-sm90-dev
+mkdir -p $B
+FLAGS="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -diag-suppress 20012
+  -Xptxas=-warn-spills -DFLASHATTN_HDIM_64=1 -DFLASHATTN_HDIM_128=1 -DFLASHATTN_HDIM_256=1 -Iinclude -Isrc"
+nvidia-smi -L | tee "$OUT/device.log"
+start=$(date +%s)
+for f in src/cuda/sm90/*.cu dev/sm90/harness.cu; do
+  nvcc $FLAGS -Xptxas -v -Xcompiler -fopenmp -c $f -o $B/$(basename $f .cu).o > $B/$(basename $f .cu).log 2>&1 &
+done
+wait
+cat $B/*.log > "$OUT/build.log"
+nvcc -gencode=arch=compute_90a,code=sm_90a $B/*.o -o $B/sm90_harness -Xcompiler -fopenmp 2>&1 | tee -a "$OUT/build.log"
+echo "build: $(( $(date +%s) - start )) s"
+grep -E "error|registers|spill|C7508" "$OUT/build.log" | sort | uniq -c
+[ -x $B/sm90_harness ] || exit 1
+
+for step in $STEPS; do
+  case $step in
+    check) timeout 120 $B/sm90_harness check 2>&1 | tee "$OUT/check.log" | grep -v ^PASS ;;
+    sanitize)
+      for tool in memcheck racecheck synccheck; do
+        timeout 90 compute-sanitizer --tool $tool $B/sm90_harness check small > "$OUT/$tool.log" 2>&1
+        echo "$tool: rc=$? $(tail -2 "$OUT/$tool.log" | tr '\n' ' ')"
+      done ;;
+    bench) timeout 150 $B/sm90_harness bench "${VARIANT:-sm90}" 2>&1 | tee "$OUT/bench.log" ;;
+  esac
+done
