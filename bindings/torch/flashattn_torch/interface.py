@@ -1,0 +1,90 @@
+"""The flash_attn API: same names, arguments, defaults, layouts and return values.
+
+    out = flash_attn_func(q, k, v, causal=True)                  # q (b, s, h, d), k/v (b, s, h_k, d)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+
+As in flash_attn, return_attn_probs=True returns (out, softmax_lse, S_dmask) where S_dmask is
+None unless dropout_p > 0; this library has no dropout, so it is always None here. Arguments the
+library does not implement (dropout_p > 0, alibi_slopes, block_table) raise NotImplementedError
+naming them; nothing is silently ignored.
+"""
+
+from . import ops
+
+
+def _unsupported(dropout_p, alibi_slopes, block_table=None):
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"flashattn: dropout_p={dropout_p} is not supported (dropout is not implemented; "
+                                  "pass dropout_p=0.0)")
+    if alibi_slopes is not None:
+        raise NotImplementedError("flashattn: alibi_slopes is not supported (ALiBi is not implemented)")
+    if block_table is not None:
+        raise NotImplementedError("flashattn: block_table (paged KV cache) is not supported")
+
+
+def _window(window_size):
+    left, right = window_size
+    return int(left), int(right)
+
+
+def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+               causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
+    _unsupported(dropout_p, alibi_slopes, block_table)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** (-0.5)
+    left, right = _window(window_size)
+    out, lse = ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale),
+                       bool(causal), left, right, float(softcap), bool(deterministic))
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim) -> out like q.
+    With return_attn_probs: (out, softmax_lse (batch, nheads, seqlen_q) fp32, None)."""
+    return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
+                      alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """qkv (batch, seqlen, 3, nheads, headdim) -> out (batch, seqlen, nheads, headdim)."""
+    q, k, v = qkv.unbind(2)
+    return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
+                      alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q (batch, seqlen_q, nheads, headdim), kv (batch, seqlen_k, 2, nheads_k, headdim) -> out like q."""
+    k, v = kv.unbind(2)
+    return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
+                      alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """q (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim), cu_seqlens int32 (batch + 1).
+    With return_attn_probs: (out, softmax_lse (nheads, total_q) fp32, None)."""
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), dropout_p,
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                      block_table)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """qkv (total, 3, nheads, headdim) -> out (total, nheads, headdim)."""
+    q, k, v = qkv.unbind(1)
+    return _attention(q, k, v, cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen), dropout_p, softmax_scale,
+                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q (total_q, nheads, headdim), kv (total_k, 2, nheads_k, headdim) -> out like q."""
+    k, v = kv.unbind(1)
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), dropout_p,
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)

@@ -1,0 +1,213 @@
+"""The operators: torch.ops.flashattn.fwd and torch.ops.flashattn.bwd.
+
+Both are torch.library custom ops with fake (meta) implementations, so torch.compile traces them
+without running them, and fwd's autograd formula calls bwd, so the backward is the library's
+fa_backward. Their real implementations only fill fa_params from the tensors and call the C ABI:
+
+  dense:  q (batch, seqlen_q, num_heads, head_dim), k/v (batch, seqlen_k, num_heads_kv, head_dim)
+          lse (batch, num_heads, seqlen_q) fp32
+  varlen: q (total_q, num_heads, head_dim), k/v (total_k, num_heads_kv, head_dim),
+          cu_seqlens_q/k int32 (batch + 1), lse (num_heads, total_q) fp32
+
+Tensors keep their strides when the head_dim axis is contiguous (packed qkv views are not
+copied); otherwise they are made contiguous. On CUDA the call runs on the current stream with a
+workspace from the caching allocator and never synchronizes, so it can be captured in a graph.
+"""
+
+import ctypes
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib
+
+_DTYPES = {torch.float32: _lib.FA_FLOAT32, torch.float16: _lib.FA_FLOAT16, torch.bfloat16: _lib.FA_BFLOAT16}
+
+# Tests set this to fill every output with NaN before the library runs, so an element the
+# library fails to write cannot pass as a stale value.
+poison_outputs = False
+
+
+def _check(q, k, v, cu_seqlens_q, cu_seqlens_k):
+    """Shape, dtype and device checks with messages in the caller's terms (real and fake paths)."""
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise ValueError("flashattn: varlen needs both cu_seqlens_q and cu_seqlens_k")
+    rank = 3 if varlen else 4
+    layout = "(total, heads, head_dim)" if varlen else "(batch, seqlen, heads, head_dim)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != rank:
+            raise ValueError(f"flashattn: {name} must be {layout}, got shape {tuple(t.shape)}")
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"flashattn: q has dtype {q.dtype}; supported: float32, float16, bfloat16")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"flashattn: q, k, v must share a dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"flashattn: q, k, v must be on one device (got {q.device}, {k.device}, {v.device})")
+    if k.shape != v.shape:
+        raise ValueError(f"flashattn: k and v must have the same shape (got {tuple(k.shape)}, {tuple(v.shape)})")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"flashattn: q and k must have the same head_dim (got {q.shape[-1]}, {k.shape[-1]})")
+    if not varlen and q.shape[0] != k.shape[0]:
+        raise ValueError(f"flashattn: q and k must have the same batch (got {q.shape[0]}, {k.shape[0]})")
+    if varlen:
+        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            if cu.dtype != torch.int32 or cu.dim() != 1:
+                raise TypeError(f"flashattn: {name} must be a 1-D int32 tensor (got {cu.dtype}, shape {tuple(cu.shape)})")
+            if cu.device != q.device:
+                raise ValueError(f"flashattn: {name} is on {cu.device} but q is on {q.device}")
+        if cu_seqlens_q.shape != cu_seqlens_k.shape:
+            raise ValueError("flashattn: cu_seqlens_q and cu_seqlens_k must both have batch + 1 entries")
+
+
+def _usable(t):
+    """t itself when the library can read it in place: head_dim axis contiguous and, on CUDA,
+    16-byte aligned rows (the kernels load 16 bytes at a time); else a contiguous copy."""
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        return t.contiguous()
+    if t.is_cuda:
+        vec = 16 // t.element_size()
+        if t.data_ptr() % 16 or any(s % vec for s in t.stride()[:-1]):
+            return t.contiguous()
+    return t
+
+
+def _set_tensor(p, name, t):
+    """Pointer and (batch, row, head) element strides of a 4-D or varlen 3-D tensor."""
+    setattr(p, name, t.data_ptr())
+    prefix = "do" if name == "dout" else name
+    s = t.stride()
+    if t.dim() == 4:
+        setattr(p, prefix + "_batch_stride", s[0])
+        setattr(p, prefix + "_row_stride", s[1])
+        setattr(p, prefix + "_head_stride", s[2])
+    else:
+        setattr(p, prefix + "_row_stride", s[0])
+        setattr(p, prefix + "_head_stride", s[1])
+
+
+def _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+            window_left, window_right, softcap, deterministic):
+    p = _lib.new_params()
+    if cu_seqlens_q is None:
+        p.batch, p.seqlen_q, p.num_heads, p.head_dim = q.shape
+        p.seqlen_k, p.num_heads_kv = k.shape[1], k.shape[2]
+    else:
+        p.batch = cu_seqlens_q.shape[0] - 1
+        p.seqlen_q, p.seqlen_k = max_seqlen_q, max_seqlen_k
+        p.total_q, p.num_heads, p.head_dim = q.shape
+        p.total_k, p.num_heads_kv = k.shape[0], k.shape[1]
+        p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+    p.dtype = _DTYPES[q.dtype]
+    p.softmax_scale = softmax_scale
+    p.causal = int(causal)
+    p.window_left, p.window_right = window_left, window_right
+    p.softcap = softcap
+    p.deterministic = int(deterministic)
+    if q.is_cuda:
+        p.stream = torch.cuda.current_stream(q.device).cuda_stream
+    else:
+        p.num_threads = torch.get_num_threads()
+    return p
+
+
+def _run(fn, p, device, backward):
+    """Calls fa_forward / fa_backward; on CUDA with the workspace the library asks for."""
+    if device.type != "cuda":
+        _lib.check(fn(ctypes.byref(p), _lib.impl))
+        return
+    with torch.cuda.device(device):
+        n = _lib.workspace_size(p, _lib.impl, backward)
+        workspace = torch.empty(n, dtype=torch.uint8, device=device) if n else None
+        if workspace is not None:
+            p.workspace, p.workspace_bytes = workspace.data_ptr(), n
+        # The caching allocator orders the workspace's reuse after this stream's work: no sync.
+        _lib.check(fn(ctypes.byref(p), _lib.impl))
+
+
+def _lse_shape(q, varlen):
+    return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+
+
+@torch.library.custom_op("flashattn::fwd", mutates_args=())
+def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+        max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+        window_right: int, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """(out, lse) = attention(q, k, v); `deterministic` only travels to the backward."""
+    _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    q, k, v = _usable(q), _usable(k), _usable(v)
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
+    if poison_outputs:
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    p = _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                window_left, window_right, softcap, deterministic)
+    _set_tensor(p, "q", q)
+    _set_tensor(p, "k", k)
+    _set_tensor(p, "v", v)
+    _set_tensor(p, "o", out)
+    p.lse = lse.data_ptr()
+    _run(_lib.lib.fa_forward, p, q.device, False)
+    return out, lse
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+              window_left, window_right, softcap, deterministic):
+    _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    varlen = cu_seqlens_q is not None
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn::bwd", mutates_args=())
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
+        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+        window_left: int, window_right: int, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) by the library's backward from dout and the forward's out and lse."""
+    _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    dout, q, k, v, out = _usable(dout), _usable(q), _usable(k), _usable(v), _usable(out)
+    lse = lse.contiguous()
+    if cu_seqlens_q is not None:
+        cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if poison_outputs:
+        for t in (dq, dk, dv):
+            t.fill_(float("nan"))
+    p = _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                window_left, window_right, softcap, deterministic)
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
+        _set_tensor(p, name, t)
+    p.lse = lse.data_ptr()
+    _run(_lib.lib.fa_backward, p, q.device, True)
+    return dq, dk, dv
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+              causal, window_left, window_right, softcap, deterministic):
+    _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, *args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.args = args  # max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
+    return (dq, dk, dv) + (None,) * 10
+
+
+fwd.register_autograd(_backward, setup_context=_setup_context)

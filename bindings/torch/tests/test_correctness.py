@@ -1,0 +1,102 @@
+"""Forward and gradients against the fp64 reference with the 2x rule (3x for gradients)."""
+
+import pytest
+import torch
+
+from attn_reference import DEVICES, check_rule, plain_attention, plain_varlen, skip_unsupported
+from flashattn_torch import flash_attn_func, flash_attn_varlen_func
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# name -> (num_heads, num_heads_kv, seqlen_q, seqlen_k, flash_attn keyword arguments)
+FEATURES = {
+    "full": (4, 4, 97, 130, {}),
+    "causal": (4, 4, 128, 128, {"causal": True}),
+    "causal_sq_lt_sk": (4, 4, 45, 150, {"causal": True}),
+    "causal_sq_gt_sk": (4, 4, 90, 40, {"causal": True}),  # the first 50 rows see no key: out 0, lse -inf
+    "window": (4, 4, 120, 120, {"window_size": (17, 5)}),
+    "window_causal": (4, 4, 80, 110, {"window_size": (24, -1), "causal": True}),
+    "softcap": (4, 4, 64, 96, {"softcap": 1.5}),
+    "gqa": (6, 2, 70, 70, {"causal": True}),
+    "mqa": (4, 1, 33, 65, {}),
+    "scale": (4, 4, 50, 50, {"softmax_scale": 0.3}),
+}
+
+
+def make(shape, dtype, device):
+    return torch.randn(shape, dtype=dtype, device=device).requires_grad_()
+
+
+def reference_and_plain(q, k, v, dout, fn):
+    """(ref, plain) lists [out, lse, dq, dk, dv]: fn run in fp64 and in the inputs' dtype."""
+    result = []
+    for dt in (torch.float64, q.dtype):
+        qq, kk, vv = (t.detach().to(dt).requires_grad_() for t in (q, k, v))
+        out, lse = fn(qq, kk, vv)
+        grads = torch.autograd.grad(out, (qq, kk, vv), dout.to(dt))
+        result.append([out, lse, *grads])
+    return result
+
+
+def check_all(out, lse, grads, ref, plain, lse_plain, dtype):
+    check_rule("out", out, ref[0], plain[0], 2, dtype)
+    # lse is fp32 for every input dtype: the plain bound is the fp32 lse of the same scores.
+    check_rule("lse", lse, ref[1], lse_plain, 2, torch.float32)
+    for name, g, r, pl in zip(("dq", "dk", "dv"), grads, ref[2:], plain[2:]):
+        check_rule(name, g, r, pl, 3, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_flash_attn_func(dtype, head_dim, feature, device):
+    skip_unsupported(device, dtype)
+    h, hk, sq, sk, kw = FEATURES[feature]
+    batch = 2
+    q = make((batch, sq, h, head_dim), dtype, device)
+    k = make((batch, sk, hk, head_dim), dtype, device)
+    v = make((batch, sk, hk, head_dim), dtype, device)
+    out, lse, s_dmask = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    assert s_dmask is None
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+
+    plain_kw = {"softmax_scale": kw.get("softmax_scale"), "causal": kw.get("causal", False),
+                "window": kw.get("window_size", (-1, -1)), "softcap": kw.get("softcap", 0.0)}
+    ref, plain = reference_and_plain(q, k, v, dout, lambda a, b, c: plain_attention(a, b, c, **plain_kw))
+    lse_plain = plain_attention(*(t.detach().float() for t in (q, k, v)), **plain_kw)[1]
+    check_all(out, lse, grads, ref, plain, lse_plain, dtype)
+
+
+def random_cu_seqlens(batch, max_len, device, allow_empty=True):
+    lens = torch.randint(0 if allow_empty else 1, max_len + 1, (batch,))
+    lens[0] = max_len  # the longest sequence is exactly max_seqlen
+    cu = torch.zeros(batch + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(lens, 0)
+    return cu.to(device), int(lens.max())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (10, 3)}, {"softcap": 2.0, "causal": True}],
+                         ids=["full", "causal", "window", "softcap_causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_flash_attn_varlen_func(dtype, kw, device):
+    skip_unsupported(device, dtype)
+    batch, h, hk, d = 5, 4, 2, 64
+    cu_q, max_q = random_cu_seqlens(batch, 70, device)
+    cu_k, max_k = random_cu_seqlens(batch, 90, device)
+    q = make((int(cu_q[-1]), h, d), dtype, device)
+    k = make((int(cu_k[-1]), hk, d), dtype, device)
+    v = make((int(cu_k[-1]), hk, d), dtype, device)
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, return_attn_probs=True, **kw)
+    assert lse.shape == (h, q.shape[0])
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+
+    plain_kw = {"causal": kw.get("causal", False), "window": kw.get("window_size", (-1, -1)),
+                "softcap": kw.get("softcap", 0.0)}
+    fn = lambda a, b, c: plain_varlen(a, b, c, cu_q.cpu(), cu_k.cpu(), **plain_kw)  # noqa: E731
+    ref, plain = reference_and_plain(q, k, v, dout, fn)
+    lse_plain = fn(*(t.detach().float() for t in (q, k, v)))[1]
+    check_all(out, lse, grads, ref, plain, lse_plain, dtype)
