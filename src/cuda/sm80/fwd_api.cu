@@ -1,0 +1,134 @@
+// Entry points of the sm80 forward: checks, the split-KV heuristic and workspace, and the dispatch
+// from (dtype, head_dim) to the generated instantiations through the config table.
+//
+// Alignment: with every pointer 16-byte aligned and every stride and head_dim a multiple of 8
+// elements, tiles load with 16-byte cp.async; otherwise the same kernel loads element by element
+// (correct for any stride the API allows, slower).
+#include <algorithm>
+#include <cstdint>
+
+#include "common/layout.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/sm80/fwd_instances.cuh"
+#include "flashattn/flashattn.hpp"
+
+namespace flashattn::cuda {
+namespace {
+
+using sm80::FwdConfig;
+using sm80::FwdParams;
+
+constexpr int kMaxSplits = 128;
+
+int sm_count() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  return count;
+}
+
+int64_t num_rows(const fa_params& p) { return is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q; }
+
+// Split-KV when the (q-block, head, batch) grid leaves SMs idle and the keys are long: enough
+// splits to give every SM a CTA, at least 2 key blocks each.
+int num_splits(const fa_params& p, const FwdConfig& c) {
+  const int n_blocks = (p.seqlen_k + c.block_n - 1) / c.block_n;
+  const int max_splits = std::min({kMaxSplits, std::max(n_blocks, 1), 65535 / std::max(p.batch, 1)});
+  if (p.num_splits >= 1) return std::clamp(p.num_splits, 1, max_splits);
+  const int64_t ctas = int64_t(p.batch) * p.num_heads * ((p.seqlen_q + c.block_m - 1) / c.block_m);
+  const int sms = sm_count();
+  if (ctas == 0 || ctas >= int64_t(0.8 * sms)) return 1;
+  const int want = int((sms + ctas - 1) / ctas);
+  const int splits = std::min({want, n_blocks / 2, max_splits});
+  return splits >= 2 ? splits : 1;
+}
+
+size_t partial_bytes(const fa_params& p, int splits) {
+  if (splits <= 1) return 0;
+  return size_t(splits) * size_t(num_rows(p)) * size_t(p.num_heads) * size_t(p.head_dim + 1) * sizeof(float);
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+bool tiles_aligned(const fa_params& p) {
+  const bool varlen = is_varlen(p);
+  auto strides_ok = [&](int64_t batch, int64_t row, int64_t head) {
+    return (varlen || batch % 8 == 0) && row % 8 == 0 && head % 8 == 0;
+  };
+  return p.head_dim % 8 == 0 && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o) &&
+         strides_ok(p.q_batch_stride, p.q_row_stride, p.q_head_stride) &&
+         strides_ok(p.k_batch_stride, p.k_row_stride, p.k_head_stride) &&
+         strides_ok(p.v_batch_stride, p.v_row_stride, p.v_head_stride) &&
+         strides_ok(p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+}
+
+FwdParams make_params(const fa_params& p, int splits) {
+  FwdParams f{};
+  f.q = p.q;
+  f.k = p.k;
+  f.v = p.v;
+  f.o = p.o;
+  f.lse = p.lse;
+  f.q_batch_stride = p.q_batch_stride, f.q_row_stride = p.q_row_stride, f.q_head_stride = p.q_head_stride;
+  f.k_batch_stride = p.k_batch_stride, f.k_row_stride = p.k_row_stride, f.k_head_stride = p.k_head_stride;
+  f.v_batch_stride = p.v_batch_stride, f.v_row_stride = p.v_row_stride, f.v_head_stride = p.v_head_stride;
+  f.o_batch_stride = p.o_batch_stride, f.o_row_stride = p.o_row_stride, f.o_head_stride = p.o_head_stride;
+  f.cu_seqlens_q = p.cu_seqlens_q;
+  f.cu_seqlens_k = p.cu_seqlens_k;
+  f.batch = p.batch, f.seqlen_q = p.seqlen_q, f.seqlen_k = p.seqlen_k;
+  f.num_heads = p.num_heads, f.num_heads_kv = p.num_heads_kv, f.head_dim = p.head_dim;
+  f.group = p.num_heads / p.num_heads_kv;
+  f.total_q = p.total_q;
+  f.window_left = p.window_left;
+  f.window_right = p.causal ? 0 : p.window_right;
+  const float scale = effective_scale(p);
+  f.has_softcap = p.softcap > 0.f;
+  f.softcap_scale = f.has_softcap ? scale / p.softcap : 1.f;
+  f.score_scale_log2 = sm80::kLog2e * (f.has_softcap ? p.softcap : scale);
+  f.aligned = tiles_aligned(p);
+  f.num_splits = splits;
+  f.num_rows = num_rows(p);
+  if (splits > 1) {
+    f.o_partial = static_cast<float*>(p.workspace);
+    f.lse_partial = f.o_partial + size_t(splits) * size_t(f.num_rows) * size_t(p.num_heads) * size_t(p.head_dim);
+  }
+  return f;
+}
+
+}  // namespace
+
+size_t sm80_forward_workspace(const fa_params& p) {
+  const int kernel_head_dim = sm80::fwd_kernel_head_dim(p.head_dim);
+  if (kernel_head_dim == 0 || p.batch == 0) return 0;
+  return partial_bytes(p, num_splits(p, sm80::fwd_config(kernel_head_dim)));
+}
+
+Status sm80_forward(const fa_params& p) {
+  if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16)
+    return unsupported("dtype %s: flashattn-sm80 computes in fp16 or bf16", fa_dtype_name(p.dtype));
+  const int kernel_head_dim = sm80::fwd_kernel_head_dim(p.head_dim);
+  if (kernel_head_dim == 0) return unsupported("head_dim %d: flashattn-sm80 supports up to 256", p.head_dim);
+  auto launch = p.dtype == FA_FLOAT16 ? sm80::fwd_launcher<__half>(kernel_head_dim)
+                                      : sm80::fwd_launcher<__nv_bfloat16>(kernel_head_dim);
+  if (!launch)
+    return unsupported("head_dim %d: the flashattn-sm80 kernel for head_dim %d was not built (FLASHATTN_CUDA_HEAD_DIMS)",
+                       p.head_dim, kernel_head_dim);
+  if (p.num_heads > 65535) return unsupported("num_heads %d: flashattn-sm80 launches at most 65535", p.num_heads);
+  if (p.batch > 65535) return unsupported("batch %d: flashattn-sm80 launches at most 65535", p.batch);
+  if (p.batch == 0 || p.seqlen_q == 0 || num_rows(p) == 0) return {};
+
+  const FwdConfig config = sm80::fwd_config(kernel_head_dim);
+  const int splits = num_splits(p, config);
+  FA_RETURN_IF_ERROR(require_workspace(p, partial_bytes(p, splits), "flashattn-sm80 split-KV forward"));
+  const FwdParams f = make_params(p, splits);
+  FA_RETURN_IF_ERROR(launch(f, stream_of(p)));
+  if (splits > 1) {
+    return p.dtype == FA_FLOAT16 ? sm80::run_fwd_combine<__half>(f, stream_of(p))
+                                 : sm80::run_fwd_combine<__nv_bfloat16>(f, stream_of(p));
+  }
+  return {};
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,112 @@
+// Tile configuration of the sm80 forward: one constexpr table from head_dim to
+// (block_m, block_n, warps, stages), the derived constants, and the host-side problem description
+// the kernels read (FwdParams).
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn::sm80 {
+
+struct FwdConfig {
+  int head_dim;  // the kernel's head_dim; problems with a smaller head_dim are zero-padded to it
+  int block_m;   // query rows per CTA
+  int block_n;   // keys per main-loop iteration
+  int warps;     // each warp owns block_m / warps query rows (16 per m-tile of the mma)
+  int stages;    // 2: K and V of block j+1 load during block j; 1: V_j loads during S_j, K_{j+1} during P_j V_j
+};
+
+// Shared memory: the q tile plus `stages` k and v tiles, 16-bit elements.
+constexpr int fwd_smem_bytes(const FwdConfig& c) {
+  return 2 * c.head_dim * (c.block_m + 2 * c.stages * c.block_n);
+}
+
+// Registers per thread for the accumulators alone: o (rows x head_dim) and s (rows x block_n) in fp32.
+constexpr int fwd_accumulator_regs(const FwdConfig& c) {
+  return (c.block_m * c.head_dim + c.block_m * c.block_n) / (32 * c.warps);
+}
+
+// A100 allows 163 KB of dynamic shared memory per CTA, H100 227 KB; every entry fits the A100.
+constexpr int kMaxSmemSm80 = 163 * 1024;
+
+// clang-format off
+constexpr FwdConfig kFwdConfigs[] = {
+    // 32 rows per warp: each k/v fragment read from shared memory feeds 2 m-tiles.
+    {32,  128, 64, 4, 2},  // 40 KB: small tiles, several CTAs per SM hide the loads
+    {64,  128, 64, 4, 2},  // 48 KB, 128 fp32 accumulators: 2-3 CTAs per SM
+    {96,  128, 64, 4, 2},  // 72 KB, 160 accumulators
+    {128, 128, 64, 4, 2},  // 96 KB, 192 accumulators: 2 CTAs per H100 SM, k/v prefetched a whole block ahead
+    // 16 rows per warp: o alone is head_dim / 2 registers.
+    {192, 128, 64, 8, 1},  // 96 KB, 8 warps: 2 CTAs per H100 SM
+    {256, 128, 64, 8, 1},  // 128 KB, 8 warps: o is 128 registers, no room for a second k/v stage on the A100
+};
+// clang-format on
+static_assert(fwd_smem_bytes(kFwdConfigs[0]) <= kMaxSmemSm80 && fwd_accumulator_regs(kFwdConfigs[0]) <= 160);
+static_assert(fwd_smem_bytes(kFwdConfigs[1]) <= kMaxSmemSm80 && fwd_accumulator_regs(kFwdConfigs[1]) <= 160);
+static_assert(fwd_smem_bytes(kFwdConfigs[2]) <= kMaxSmemSm80 && fwd_accumulator_regs(kFwdConfigs[2]) <= 192);
+static_assert(fwd_smem_bytes(kFwdConfigs[3]) <= kMaxSmemSm80 && fwd_accumulator_regs(kFwdConfigs[3]) <= 192);
+static_assert(fwd_smem_bytes(kFwdConfigs[4]) <= kMaxSmemSm80 && fwd_accumulator_regs(kFwdConfigs[4]) <= 160);
+static_assert(fwd_smem_bytes(kFwdConfigs[5]) <= kMaxSmemSm80 && fwd_accumulator_regs(kFwdConfigs[5]) <= 192);
+
+constexpr int kFwdHeadDims = sizeof(kFwdConfigs) / sizeof(kFwdConfigs[0]);
+
+// The smallest kernel head_dim >= head_dim (0 when head_dim > 256).
+constexpr int fwd_kernel_head_dim(int head_dim) {
+  for (const FwdConfig& c : kFwdConfigs)
+    if (head_dim <= c.head_dim) return c.head_dim;
+  return 0;
+}
+
+constexpr FwdConfig fwd_config(int kernel_head_dim) {
+  for (const FwdConfig& c : kFwdConfigs)
+    if (c.head_dim == kernel_head_dim) return c;
+  return {0, 0, 0, 0, 0};
+}
+
+// Compile-time traits of one config (a table entry, or a candidate in dev/sm80fwd).
+template <FwdConfig kConfig>
+struct FwdTraits {
+  static constexpr int kHeadDim = kConfig.head_dim;
+  static constexpr int kBlockM = kConfig.block_m, kBlockN = kConfig.block_n, kWarps = kConfig.warps;
+  static constexpr int kStages = kConfig.stages;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kMTiles = kBlockM / (16 * kWarps);  // m16 tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;               // n8 tiles of s per m-tile
+  static constexpr int kDTiles = kHeadDim / 8;              // n8 tiles of o per m-tile
+  static constexpr int kSmemBytes = fwd_smem_bytes(kConfig);
+  static_assert(kBlockM % (16 * kWarps) == 0 && kMTiles >= 1, "each warp owns whole m16 tiles");
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k-steps of 16");
+  static_assert(kStages == 1 || kStages == 2, "the main loop knows one or two k/v stages");
+};
+
+// What a forward kernel reads: the params struct resolved (scale, mask band, kv-head ratio) and,
+// for split-KV, where the partials go. Strides are in elements.
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // nullptr: not written
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  const int32_t* cu_seqlens_q;  // varlen when set
+  const int32_t* cu_seqlens_k;
+  int32_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim;
+  int32_t group;        // num_heads / num_heads_kv
+  int64_t total_q;      // varlen: rows of packed q
+  int32_t window_left;  // Mask band; causal is right = 0
+  int32_t window_right;
+  float softcap_scale;     // softcap > 0: s = tanh(softcap_scale * q.k), softcap_scale = softmax_scale / softcap
+  float score_scale_log2;  // then exp(s') = exp2(score_scale_log2 * s''): log2(e) * (softcap or softmax_scale)
+  bool has_softcap;
+  bool aligned;  // every pointer 16-byte aligned and every stride and head_dim a multiple of 8 elements
+  // Split-KV: num_splits > 1 writes per-split normalized o and lse to the workspace, rows indexed by
+  // the global query row r (varlen: packed row; else b * seqlen_q + i), num_rows of them.
+  int32_t num_splits;
+  int64_t num_rows;
+  float* o_partial;    // (num_splits, num_rows, num_heads, head_dim)
+  float* lse_partial;  // (num_splits, num_heads, num_rows)
+};
+
+}  // namespace flashattn::sm80

@@ -1,0 +1,390 @@
+// The FlashAttention-2 forward on mma.sync (sm_80 and later), and the split-KV combine.
+//
+// One CTA per (q-block of block_m rows, head, batch[, split]). The q tile is loaded to shared
+// memory once; each warp owns block_m / warps of its rows (split-Q: warps never exchange data).
+// The loop walks the key blocks j the mask leaves visible to this q-block:
+//   s   = q k_j^T                           (mma.sync, q and k by ldmatrix from swizzled smem)
+//   s   = tanh(s * scale / softcap)         (softcap only)
+//   m'  = max(m, rowmax(s)), p = exp2(s * scale_log2 - m' * scale_log2)
+//   l   = l * exp2((m - m') * scale_log2) + rowsum(p);  o = o * exp2(...) + p v_j
+// with p converted to 16 bits in registers and used as the A operand of p v_j (v by ldmatrix.trans).
+// Only blocks that cut the mask band (or the end of the keys) apply the element mask.
+// At the end o / l is stored in the input dtype and lse = (m * scale_log2 + log2 l) * ln 2 in fp32;
+// a row without visible keys gets o = 0, lse = -inf.
+//
+// Shared memory (16-bit elements, SmemTile layout of mma.cuh):
+//   q: (block_m, head_dim)   k: stages x (block_n, head_dim)   v: stages x (block_n, head_dim)
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "common/mask.hpp"
+#include "cuda/sm80/fwd_config.cuh"
+#include "cuda/sm80/mma.cuh"
+
+namespace flashattn::sm80 {
+
+constexpr float kNegInf = -__builtin_huge_valf();
+
+// Loads rows [row0, row0 + kRows) of one head of a (rows, head_dim) view into a swizzled tile;
+// rows >= num_valid_rows and columns >= head_dim are zero-filled. The aligned path is cp.async
+// (asynchronous, completes at cp_async_wait); the unaligned path is plain loads and stores.
+template <int kRows, int kCols, int kThreads, class T>
+__device__ __forceinline__ void load_tile(T* tile, const T* head_base, int64_t row_stride, int row0, int num_valid_rows,
+                                          int head_dim, bool aligned) {
+  using Tile = SmemTile<kRows, kCols>;
+  constexpr int kUnitsPerRow = kCols / 8;                  // 16-byte units per row
+  constexpr int kRowsPerPass = kThreads / kUnitsPerRow;    // rows one pass of the CTA covers
+  static_assert(kRows * kUnitsPerRow % kThreads == 0, "whole 16-byte units per thread");
+  auto load_unit = [&](int row, int col, T* dst) {
+    const bool valid_row = row0 + row < num_valid_rows;
+    const T* src = head_base + int64_t(row0 + row) * row_stride + col;
+    if (aligned) {
+      const bool valid = valid_row && col < head_dim;
+      cp_async_16(dst, valid ? src : head_base, valid);
+    } else {
+      alignas(16) T vals[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) vals[e] = (valid_row && col + e < head_dim) ? src[e] : T(0.f);
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
+    }
+  };
+  if constexpr (kThreads % kUnitsPerRow == 0 && kRowsPerPass % 8 == 0) {
+    // This thread's units share one column and rows 8k apart, so one swizzled offset serves all.
+    const int col = (threadIdx.x % kUnitsPerRow) * 8, first_row = threadIdx.x / kUnitsPerRow;
+    T* dst = tile + Tile::offset(first_row, col);
+#pragma unroll
+    for (int i = 0; i < kRows / kRowsPerPass; ++i)
+      load_unit(first_row + i * kRowsPerPass, col, dst + i * kRowsPerPass * Tile::kChunk);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRows * kUnitsPerRow / kThreads; ++i) {
+      const int unit = i * kThreads + threadIdx.x;
+      const int row = unit / kUnitsPerRow, col = (unit % kUnitsPerRow) * 8;
+      load_unit(row, col, tile + Tile::offset(row, col));
+    }
+  }
+}
+
+// The config arrives as its fields: nvcc's host stubs cannot take a class-type template argument.
+template <int kHeadDim, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, class T>
+__global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
+  using Traits = FwdTraits<FwdConfig{kHeadDim, kBlockM_, kBlockN_, kWarps_, kStages_}>;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kThreads = Traits::kThreads;
+  constexpr int kMTiles = Traits::kMTiles, kNTiles = Traits::kNTiles, kDTiles = Traits::kDTiles;
+  constexpr int kStages = Traits::kStages;
+  using QTile = SmemTile<kBlockM, kHeadDim>;
+  using KVTile = SmemTile<kBlockN, kHeadDim>;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sq = reinterpret_cast<T*>(smem);
+  T* sk = sq + QTile::kElements;                // kStages k tiles
+  T* sv = sk + kStages * KVTile::kElements;     // kStages v tiles
+
+  // Heaviest q-blocks first (causal: the last rows see the most keys), for a balanced tail.
+  const int m_block = gridDim.x - 1 - blockIdx.x, head = blockIdx.y;
+  const int batch = blockIdx.z / p.num_splits, split = blockIdx.z % p.num_splits;
+  const int head_kv = head / p.group;
+
+  // The sequence: where its rows start (varlen) and its lengths.
+  int64_t q_start = 0, k_start = 0;
+  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+  if (p.cu_seqlens_q) {
+    q_start = p.cu_seqlens_q[batch];
+    k_start = p.cu_seqlens_k[batch];
+    seqlen_q = p.cu_seqlens_q[batch + 1] - int(q_start);
+    seqlen_k = p.cu_seqlens_k[batch + 1] - int(k_start);
+  }
+  const int m0 = m_block * kBlockM;
+  if (m0 >= seqlen_q) return;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const T* q_head = static_cast<const T*>(p.q) + (varlen ? 0 : batch * p.q_batch_stride) + (q_start + m0) * p.q_row_stride +
+                    head * p.q_head_stride;
+  const T* k_head = static_cast<const T*>(p.k) + (varlen ? 0 : batch * p.k_batch_stride) + k_start * p.k_row_stride +
+                    head_kv * p.k_head_stride;
+  const T* v_head = static_cast<const T*>(p.v) + (varlen ? 0 : batch * p.v_batch_stride) + k_start * p.v_row_stride +
+                    head_kv * p.v_head_stride;
+
+  // Key blocks visible to any row of this q-block (key_begin and key_end grow with the row), then
+  // this split's share of them.
+  const Mask mask(seqlen_q, seqlen_k, false, p.window_left, p.window_right);
+  const int m_last = min(m0 + kBlockM, seqlen_q) - 1;
+  const int key_lo = int(mask.key_begin(m0)), key_hi = int(mask.key_end(m_last));
+  int n_begin = key_lo / kBlockN, n_end = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_begin;
+  if (p.num_splits > 1) {
+    const int per_split = (n_end - n_begin + p.num_splits - 1) / p.num_splits;
+    n_begin = min(n_end, n_begin + split * per_split);
+    n_end = min(n_end, n_begin + per_split);
+  }
+  // Blocks entirely inside every row's band need no element mask.
+  const int full_lo = int(mask.key_begin(m_last)), full_hi = int(mask.key_end(m0));
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int warp_row0 = warp * 16 * kMTiles;  // first q-block row of this warp
+
+  float o_acc[kMTiles][kDTiles][4];
+  float row_max[kMTiles][2], row_sum[kMTiles][2];  // row_sum: this lane's partial sum of its columns
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o_acc[mt][dt][e] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = kNegInf;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+
+  const int rows_q = seqlen_q - m0;
+  auto load_k = [&](int n_block, int stage) {
+    load_tile<kBlockN, kHeadDim, kThreads>(sk + stage * KVTile::kElements, k_head, p.k_row_stride, n_block * kBlockN,
+                                           seqlen_k, p.head_dim, p.aligned);
+  };
+  auto load_v = [&](int n_block, int stage) {
+    load_tile<kBlockN, kHeadDim, kThreads>(sv + stage * KVTile::kElements, v_head, p.v_row_stride, n_block * kBlockN,
+                                           seqlen_k, p.head_dim, p.aligned);
+  };
+
+  // Prologue: q and the first k (and v) block in flight.
+  load_tile<kBlockM, kHeadDim, kThreads>(sq, q_head, p.q_row_stride, 0, rows_q, p.head_dim, p.aligned);
+  if (n_begin < n_end) {
+    load_k(n_begin, 0);
+    if constexpr (kStages == 2) load_v(n_begin, 0);
+  }
+  cp_async_commit();
+
+  for (int n_block = n_begin; n_block < n_end; ++n_block) {
+    const int stage = kStages == 2 ? (n_block - n_begin) & 1 : 0;
+    const T* sk_j = sk + stage * KVTile::kElements;
+    const T* sv_j = sv + stage * KVTile::kElements;
+    // Block j has landed (this thread's copies: wait; everyone's: the barrier), and every warp is
+    // done with the buffers the next loads overwrite.
+    cp_async_wait<0>();
+    __syncthreads();
+    if constexpr (kStages == 2) {
+      if (n_block + 1 < n_end) {
+        load_k(n_block + 1, stage ^ 1);
+        load_v(n_block + 1, stage ^ 1);
+      }
+    } else {
+      load_v(n_block, 0);
+    }
+    cp_async_commit();
+
+    // s = q k_j^T: (16 * kMTiles, block_n) per warp.
+    float s[kMTiles][kNTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t qa[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+        ldmatrix_x4(qa[mt], sq + QTile::offset(warp_row0 + mt * 16 + lane % 16, kk * 16 + (lane / 16) * 8));
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, sk_j + KVTile::offset(np * 16 + (lane / 16) * 8 + lane % 8, kk * 16 + ((lane / 8) % 2) * 8));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+          mma_16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+
+    if constexpr (kStages == 1) {
+      // v_j has landed and every warp is done with k_j: prefetch k_{j+1} over the softmax and p v_j.
+      cp_async_wait<0>();
+      __syncthreads();
+      if (n_block + 1 < n_end) load_k(n_block + 1, 0);
+      cp_async_commit();
+    }
+
+    if (p.has_softcap) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = tanhf(s[mt][nt][e] * p.softcap_scale);
+    }
+
+    const int n0 = n_block * kBlockN;
+    if (!(n0 >= full_lo && n0 + kBlockN <= full_hi)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = m0 + warp_row0 + mt * 16 + g + 8 * half;
+          const int lo = int(mask.key_begin(row)), hi = int(mask.key_end(row));
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = n0 + nt * 8 + 2 * t + e;
+              if (col < lo || col >= hi) s[mt][nt][2 * half + e] = kNegInf;
+            }
+        }
+    }
+
+    // Online softmax, one row (mt, half) at a time; a row is spread over the 4 lanes of a quad.
+    const float scale_log2 = p.score_scale_log2;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float m_new = row_max[mt][half];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+          m_new = fmaxf(m_new, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+        m_new = quad_max(m_new);
+        // A row with nothing visible yet keeps max -inf: subtract 0 so p = exp2(-inf) = 0, not NaN.
+        const float m_scaled = m_new == kNegInf ? 0.f : m_new * scale_log2;
+        const float correction = exp2_fast(row_max[mt][half] * scale_log2 - m_scaled);
+        row_max[mt][half] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[mt][nt][2 * half + e];
+            x = exp2_fast(x * scale_log2 - m_scaled);
+            sum += x;
+          }
+        row_sum[mt][half] = row_sum[mt][half] * correction + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o_acc[mt][dt][2 * half] *= correction;
+          o_acc[mt][dt][2 * half + 1] *= correction;
+        }
+      }
+
+    // o += p v_j: p's C fragments repacked as A fragments (mma.cuh), v_j by ldmatrix.trans.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t pa[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kDTiles / 2; ++dp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, sv_j + KVTile::offset(kk * 16 + ((lane / 8) % 2) * 8 + lane % 8, dp * 16 + (lane / 16) * 8));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<T>(o_acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          mma_16816<T>(o_acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // nothing may be in flight when the CTA exits
+
+  // Epilogue: o / l and lse, rows below seqlen_q only, columns below head_dim only.
+  const bool split_out = p.num_splits > 1;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float l = quad_sum(row_sum[mt][half]);
+      const int row = m0 + warp_row0 + mt * 16 + g + 8 * half;  // row within the sequence
+      if (row >= seqlen_q) continue;
+      const float inv_l = l > 0.f ? 1.f / l : 0.f;
+      const float m = row_max[mt][half];
+      const float lse = l > 0.f ? (m * p.score_scale_log2 + __log2f(l)) * kLn2 : kNegInf;
+      const int64_t global_row = varlen ? q_start + row : int64_t(batch) * p.seqlen_q + row;
+      if (split_out) {
+        float* dst = p.o_partial + ((int64_t(split) * p.num_rows + global_row) * p.num_heads + head) * p.head_dim;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          const int col = dt * 8 + 2 * t;
+          if (col < p.head_dim) {
+            dst[col] = o_acc[mt][dt][2 * half] * inv_l;
+            if (col + 1 < p.head_dim) dst[col + 1] = o_acc[mt][dt][2 * half + 1] * inv_l;
+          }
+        }
+        if (t == 0) p.lse_partial[(int64_t(split) * p.num_heads + head) * p.num_rows + global_row] = lse;
+      } else {
+        T* dst = static_cast<T*>(p.o) + (varlen ? 0 : batch * p.o_batch_stride) + (q_start + row) * p.o_row_stride +
+                 head * p.o_head_stride;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          const int col = dt * 8 + 2 * t;
+          const float x0 = o_acc[mt][dt][2 * half] * inv_l, x1 = o_acc[mt][dt][2 * half + 1] * inv_l;
+          if (p.aligned) {
+            if (col < p.head_dim) *reinterpret_cast<uint32_t*>(dst + col) = pack2<T>(x0, x1);
+          } else {
+            if (col < p.head_dim) dst[col] = T(x0);
+            if (col + 1 < p.head_dim) dst[col + 1] = T(x1);
+          }
+        }
+        if (p.lse && t == 0) {
+          const int64_t index = varlen ? int64_t(head) * p.total_q + q_start + row
+                                       : (int64_t(batch) * p.num_heads + head) * p.seqlen_q + row;
+          p.lse[index] = lse;
+        }
+      }
+    }
+}
+
+// Split-KV combine: one warp per (global query row, head). With lse_s the partials' log-sum-exps,
+//   lse = log(sum_s exp(lse_s)),  o = sum_s exp(lse_s - lse) * o_s
+// (the same merge as the online softmax, over splits instead of key blocks). Splits that saw no
+// visible key have lse_s = -inf and weight 0; a row with none at all gets o = 0, lse = -inf.
+template <class T>
+__global__ void __launch_bounds__(128) fwd_combine_kernel(const FwdParams p) {
+  const int64_t item = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (global_row, head)
+  if (item >= p.num_rows * p.num_heads) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t global_row = item / p.num_heads;
+  const int head = int(item % p.num_heads);
+  const int num_splits = p.num_splits;
+
+  float lse_max = kNegInf;
+  for (int s = lane; s < num_splits; s += 32)
+    lse_max = fmaxf(lse_max, p.lse_partial[(int64_t(s) * p.num_heads + head) * p.num_rows + global_row]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, offset));
+  float sum = 0.f;
+  if (lse_max != kNegInf)
+    for (int s = lane; s < num_splits; s += 32)
+      sum += expf(p.lse_partial[(int64_t(s) * p.num_heads + head) * p.num_rows + global_row] - lse_max);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const float lse = sum > 0.f ? lse_max + logf(sum) : kNegInf;
+
+  // The row's place in o and lse.
+  int64_t o_offset, lse_index;
+  if (p.cu_seqlens_q) {
+    o_offset = global_row * p.o_row_stride + int64_t(head) * p.o_head_stride;
+    lse_index = int64_t(head) * p.total_q + global_row;
+  } else {
+    const int64_t batch = global_row / p.seqlen_q, row = global_row % p.seqlen_q;
+    o_offset = batch * p.o_batch_stride + row * p.o_row_stride + int64_t(head) * p.o_head_stride;
+    lse_index = (batch * p.num_heads + head) * p.seqlen_q + row;
+  }
+  for (int col = lane; col < p.head_dim; col += 32) {
+    float acc = 0.f;
+    if (lse != kNegInf)
+      for (int s = 0; s < num_splits; ++s) {
+        const float w = expf(p.lse_partial[(int64_t(s) * p.num_heads + head) * p.num_rows + global_row] - lse);
+        acc += w * p.o_partial[((int64_t(s) * p.num_rows + global_row) * p.num_heads + head) * p.head_dim + col];
+      }
+    static_cast<T*>(p.o)[o_offset + col] = T(acc);
+  }
+  if (p.lse && lane == 0) p.lse[lse_index] = lse;
+}
+
+}  // namespace flashattn::sm80

@@ -1,0 +1,52 @@
+// Host launchers of the sm80 forward. run_fwd<T, kHeadDim> is instantiated once per (dtype,
+// head_dim) in the generated fwd_hdim<N>_<dtype>.cu files; run_fwd_combine<T> in fwd_api.cu.
+#pragma once
+
+#include <atomic>
+
+#include "cuda/common.cuh"
+#include "cuda/sm80/fwd_kernel.cuh"
+
+namespace flashattn::sm80 {
+
+// Grid: (q-blocks, heads, batch * splits); x varies fastest, so the q-blocks sharing one head's k
+// and v run side by side and reuse them from L2.
+inline dim3 fwd_grid(const FwdParams& p, int block_m) {
+  return dim3(unsigned((p.seqlen_q + block_m - 1) / block_m), unsigned(p.num_heads), unsigned(p.batch * p.num_splits));
+}
+
+template <class T, FwdConfig kConfig>
+Status run_fwd_config(const FwdParams& p, cudaStream_t stream) {
+  using Traits = FwdTraits<kConfig>;
+  auto kernel = fwd_kernel<kConfig.head_dim, kConfig.block_m, kConfig.block_n, kConfig.warps, kConfig.stages, T>;
+  // Opt in to > 48 KB of dynamic shared memory once per instantiation and device.
+  static std::atomic<uint64_t> opted_in{0};
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t(1) << (device & 63);
+  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+    opted_in.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  kernel<<<fwd_grid(p, Traits::kBlockM), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+  FA_CUDA_CHECK_LAUNCH("flashattn-sm80 forward kernel launch");
+  return {};
+}
+
+// The table's config for kHeadDim.
+template <class T, int kHeadDim>
+Status run_fwd(const FwdParams& p, cudaStream_t stream) {
+  constexpr FwdConfig kConfig = fwd_config(kHeadDim);
+  static_assert(kConfig.head_dim == kHeadDim, "no forward config for this head_dim");
+  return run_fwd_config<T, kConfig>(p, stream);
+}
+
+template <class T>
+Status run_fwd_combine(const FwdParams& p, cudaStream_t stream) {
+  const int64_t items = p.num_rows * p.num_heads;  // one warp each, 4 per CTA
+  fwd_combine_kernel<T><<<unsigned((items + 3) / 4), 128, 0, stream>>>(p);
+  FA_CUDA_CHECK_LAUNCH("flashattn-sm80 split-KV combine launch");
+  return {};
+}
+
+}  // namespace flashattn::sm80
