@@ -2,6 +2,7 @@
 # The Hopper forward's device run, one command: build the dev harness with parallel nvcc, check
 # it against the fp64 reference on many shapes, run compute-sanitizer on small shapes, time the
 # standard sweep. Logs go to $OUT. Usage (repository root): dev/sm90/run.sh [check] [sanitize] [bench]
+# [bench-nopingpong] (the last one rebuilds the kernels with ping-pong off, for the design note).
 set -u
 OUT=${OUT:-/tmp/sm90-out}
 mkdir -p "$OUT"
@@ -15,7 +16,14 @@ start=$(date +%s)
 for f in src/cuda/sm90/*.cu dev/sm90/harness.cu; do
   nvcc $FLAGS -Xptxas -v -Xcompiler -fopenmp -c $f -o $B/$(basename $f .cu).o > $B/$(basename $f .cu).log 2>&1 &
 done
+if [[ " $STEPS " == *" bench-nopingpong "* ]]; then
+  mkdir -p $B/nopp
+  for f in src/cuda/sm90/*.cu dev/sm90/harness.cu; do
+    nvcc $FLAGS -DFLASHATTN_SM90_PINGPONG=0 -Xcompiler -fopenmp -c $f -o $B/nopp/$(basename $f .cu).o > /dev/null 2>&1 &
+  done
+fi
 wait
+[ -d $B/nopp ] && nvcc -gencode=arch=compute_90a,code=sm_90a $B/nopp/*.o -o $B/sm90_harness_nopp -Xcompiler -fopenmp
 cat $B/*.log > "$OUT/build.log"
 nvcc -gencode=arch=compute_90a,code=sm_90a $B/*.o -o $B/sm90_harness -Xcompiler -fopenmp 2>&1 | tee -a "$OUT/build.log"
 echo "build: $(( $(date +%s) - start )) s"
@@ -30,6 +38,7 @@ for step in $STEPS; do
         timeout 90 compute-sanitizer --tool $tool $B/sm90_harness check small > "$OUT/$tool.log" 2>&1
         echo "$tool: rc=$? $(tail -2 "$OUT/$tool.log" | tr '\n' ' ')"
       done ;;
-    bench) timeout 150 $B/sm90_harness bench "${VARIANT:-sm90}" 2>&1 | tee "$OUT/bench.log" ;;
+    bench) timeout 150 $B/sm90_harness bench sm90 2>&1 | tee "$OUT/bench.log" ;;
+    bench-nopingpong) timeout 150 $B/sm90_harness_nopp bench no-pp 2>&1 | tee "$OUT/bench_nopingpong.log" ;;
   esac
 done

@@ -42,6 +42,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
     const int consumer_wg = warpgroup - 1;
+    // Warpgroup 0 issues first: its turn is given once here; the last turn handed back to it is
+    // taken after the loop, so the barrier ends balanced.
+    if (consumer_wg == 1) pingpong_pass<T>(consumer_wg);
     Consumer<T> consumer;
     PipelineState<T::kStages> pipe;
     uint32_t q_phase = 0;
@@ -52,6 +55,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       q_phase ^= 1;
       store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
     }
+    if (consumer_wg == 0) pingpong_wait<T>(consumer_wg);
   }
 }
 

@@ -48,10 +48,10 @@ Status run_fwd(const fa_params& p) {
   fp.total_q = p.total_q;
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale = p.softmax_scale != 0.f ? p.softmax_scale : 1.f / std::sqrt(float(kHeadDim));
-  fp.scale_log2 = scale * kLog2e;
   fp.has_softcap = p.softcap > 0.f;
+  fp.score_scale_log2 = fp.has_softcap ? kLog2e : scale * kLog2e;
   fp.softcap_pre = fp.has_softcap ? scale / p.softcap : 0.f;
-  fp.softcap_log2 = p.softcap * kLog2e;
+  fp.softcap = p.softcap;
   fp.causal = p.causal;
   fp.window_left = p.window_left;
   fp.window_right = p.window_right;

@@ -84,6 +84,20 @@ struct Producer {
 
 // Consumer -------------------------------------------------------------------------------------
 
+// Ping-pong between the two consumer warpgroups: each issues its GEMMs only in its turn (named
+// barrier kPingPongBarrier + wg), then hands the turn to the other, so one warpgroup's softmax
+// runs while the other's GEMMs hold the tensor cores.
+constexpr int kPingPongBarrier = 1;  // ids 1 and 2; 0 is __syncthreads
+
+template <class T>
+__device__ __forceinline__ void pingpong_wait(int consumer_wg) {
+  if constexpr (T::kPingPong) named_barrier_sync(kPingPongBarrier + consumer_wg, 256);
+}
+template <class T>
+__device__ __forceinline__ void pingpong_pass(int consumer_wg) {
+  if constexpr (T::kPingPong) named_barrier_arrive(kPingPongBarrier + (consumer_wg ^ 1), 256);
+}
+
 // One consumer warpgroup's 64 rows. Accumulator layout of wgmma m64nN (per thread, warp w of
 // the warpgroup, lane l): element [4 * n + 2 * i + j] is row 16 w + l / 4 + 8 i, column
 // 8 n + 2 (l % 4) + j. The same layout holds S (N = block_n) and O (N = head_dim).
@@ -97,12 +111,10 @@ struct Consumer {
   float row_max[2];  // running max of the row's scores, log2 domain
   float row_sum[2];  // this thread's part of the running sum of exp2(score - row_max)
 
-  // S = q k^T for this warpgroup's 64 rows: q (64, head_dim) and k (block_n, head_dim), both
-  // K-major in shared memory. Issues and waits.
-  __device__ __forceinline__ static void gemm_qk(float (&s)[kN / 2], const uint8_t* q_rows, const uint8_t* k) {
+  // Issues S = q k^T for this warpgroup's 64 rows: q (64, head_dim) and k (block_n, head_dim),
+  // both K-major in shared memory.
+  __device__ __forceinline__ static void issue_qk(float (&s)[kN / 2], const uint8_t* q_rows, const uint8_t* k) {
     const uint32_t q_addr = smem_addr(q_rows), k_addr = smem_addr(k);
-    fence_registers(s);
-    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;  // k16 step inside a 64-column panel
@@ -111,31 +123,24 @@ struct Consumer {
       Mma::template ss<0>(s, da, db, kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(s);
   }
 
-  // O += P v: P (64, block_n) from registers as the A operand, v (block_n, head_dim) MN-major.
-  __device__ __forceinline__ void gemm_pv(uint32_t (&p)[kN / 16][4], const uint8_t* v) {
+  // Issues O += P v: P (64, block_n) from registers as the A operand, v (block_n, head_dim)
+  // MN-major in shared memory.
+  __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kN / 16][4], const uint8_t* v) {
     const uint32_t v_addr = smem_addr(v);
-    fence_registers(o);
-    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       const uint64_t db = make_smem_desc(v_addr + kk * 16 * 128, T::kKVPanelBytes, 1024);
       MmaO::template rs<1>(o, p[kk], db, 1);
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(o);
-#pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) fence_registers(p[kk]);  // read by the tensor cores until here
   }
 
-  // Scores to the exp2 domain (scale, softcap) and masked by index where the block needs it.
-  __device__ __forceinline__ static void scale_and_mask(float (&s)[kN / 2], const FwdParams& p, int32_t key0,
-                                                        const int32_t (&key_begin)[2], const int32_t (&key_end)[2],
-                                                        bool need_mask) {
+  // Softcap (when on) and the mask by index where the block needs it (-inf: no weight).
+  __device__ __forceinline__ static void mask_scores(float (&s)[kN / 2], const FwdParams& p, int32_t key0,
+                                                     const int32_t (&key_begin)[2], const int32_t (&key_end)[2],
+                                                     bool need_mask) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
@@ -144,7 +149,7 @@ struct Consumer {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           float x = s[4 * n + 2 * i + j];
-          x = p.has_softcap ? p.softcap_log2 * tanhf(x * p.softcap_pre) : x * p.scale_log2;
+          if (p.has_softcap) x = p.softcap * tanhf(x * p.softcap_pre);
           if (need_mask) {
             const int32_t key = key0 + 8 * n + 2 * (lane % 4) + j;
             if (key < key_begin[i] || key >= key_end[i]) x = -INFINITY;
@@ -155,21 +160,23 @@ struct Consumer {
     }
   }
 
-  // Online softmax: new running max, P = exp2(s - max) in place, O and the sums rescaled.
-  __device__ __forceinline__ void softmax_rescale(float (&s)[kN / 2]) {
-    float m[2] = {row_max[0], row_max[1]};
+  // Online softmax of one block: new running max (log2 domain), P = exp2(s * scale - max) in
+  // place with one FFMA and one EX2 an element, the sums rescaled. corr rescales O.
+  __device__ __forceinline__ void online_softmax(float (&s)[kN / 2], float score_scale, float (&corr)[2]) {
+    float m[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n)
 #pragma unroll
       for (int i = 0; i < 2; ++i) m[i] = fmaxf(m[i], fmaxf(s[4 * n + 2 * i], s[4 * n + 2 * i + 1]));
-    float m_use[2], corr[2];
+    float m_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 1));
       m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 2));
-      m_use[i] = m[i] == -INFINITY ? 0.f : m[i];  // a row with nothing visible yet: keep p = 0
+      const float m_new = fmaxf(row_max[i], m[i] * score_scale);
+      m_use[i] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: keep p = 0
       corr[i] = fast_exp2(row_max[i] - m_use[i]);
-      row_max[i] = m[i];
+      row_max[i] = m_new;
       row_sum[i] *= corr[i];
     }
 #pragma unroll
@@ -178,10 +185,13 @@ struct Consumer {
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const float e = fast_exp2(s[4 * n + 2 * i + j] - m_use[i]);
+          const float e = fast_exp2(fmaf(s[4 * n + 2 * i + j], score_scale, -m_use[i]));
           s[4 * n + 2 * i + j] = e;
           row_sum[i] += e;
         }
+  }
+
+  __device__ __forceinline__ void rescale_o(const float (&corr)[2]) {
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n)
 #pragma unroll
@@ -203,6 +213,9 @@ struct Consumer {
   }
 
   // Runs the key blocks of one tile; leaves O unnormalized, row_max and the full row sums.
+  // Software pipelined inside the warpgroup: while the tensor cores compute S of block n and
+  // O += P v of block n + 1 (the previous one; blocks run backwards), the warpgroup waits only
+  // for S, runs the softmax of block n, then waits for O to rescale it.
   __device__ __forceinline__ void run_tile(SharedStorage<T>& smem, const FwdParams& p, const Tile& tile,
                                            int consumer_wg, PipelineState<T::kStages>& pipe, uint32_t q_phase) {
     const int thread = threadIdx.x % 128, lane = threadIdx.x % 32;
@@ -211,7 +224,8 @@ struct Consumer {
     int32_t n_begin, n_end;
     key_block_range<T::kBlockM, T::kBlockN>(tile, mask, n_begin, n_end);
 
-    // The key range of this thread's two rows, and of the whole tile (to skip masking).
+    // The key range of this thread's two rows, and the keys every row of the tile sees (blocks
+    // inside need no mask).
     const int32_t row0 = tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
     int32_t key_begin[2], key_end[2];
 #pragma unroll
@@ -221,8 +235,12 @@ struct Consumer {
     }
     const int64_t tile_row0 = int64_t(tile.m_block) * T::kBlockM;
     const int64_t tile_row1 = min(tile_row0 + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
-    const int64_t inner_begin = mask.key_begin(tile_row1);  // keys every row of the tile sees
+    const int64_t inner_begin = mask.key_begin(tile_row1);
     const int64_t inner_end = mask.key_end(tile_row0);
+    auto needs_mask = [&](int32_t n) {
+      const int64_t key0 = int64_t(n) * kN;
+      return key0 < inner_begin || key0 + kN > inner_end || key0 + kN > tile.seqlen_k;
+    };
 
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
@@ -230,28 +248,75 @@ struct Consumer {
     row_sum[0] = row_sum[1] = 0.f;
 
     mbar_wait(&smem.q_full, q_phase);
+    if (n_end <= n_begin) {  // no visible key in the whole tile
+      if (signals) mbar_arrive(&smem.q_empty);
+      return;
+    }
     const uint8_t* q_rows = smem.q + consumer_wg * 64 * 128;
-    for (int32_t n = n_end - 1; n >= n_begin; --n) {
-      const int st = pipe.index;
-      float s[kN / 2];
-      mbar_wait(&smem.k_full[st], pipe.phase);
-      gemm_qk(s, q_rows, smem.k[st]);
-      if (signals) mbar_arrive(&smem.k_empty[st]);
-      if (n == n_begin && signals) mbar_arrive(&smem.q_empty);
+    float s[kN / 2];
+    uint32_t pa[kN / 16][4];
+    float corr[2];
 
-      const int64_t key0 = int64_t(n) * kN;
-      const bool need_mask = key0 < inner_begin || key0 + kN > inner_end || key0 + kN > tile.seqlen_k;
-      scale_and_mask(s, p, int32_t(key0), key_begin, key_end, need_mask);
-      softmax_rescale(s);
-      uint32_t pa[kN / 16][4];
+    // Block n_end - 1: S alone.
+    int32_t n = n_end - 1;
+    mbar_wait(&smem.k_full[pipe.index], pipe.phase);
+    pingpong_wait<T>(consumer_wg);
+    wgmma_fence();
+    issue_qk(s, q_rows, smem.k[pipe.index]);
+    pingpong_pass<T>(consumer_wg);
+    wgmma_wait<0>();
+    fence_registers(s);
+    if (signals) {
+      mbar_arrive(&smem.k_empty[pipe.index]);
+      if (n == n_begin) mbar_arrive(&smem.q_empty);
+    }
+    mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
+    online_softmax(s, p.score_scale_log2, corr);
+    to_a_operand(s, pa);
+    int prev_stage = pipe.index;
+    uint32_t prev_phase = pipe.phase;
+    pipe.advance();
+
+    // Steady state: S of block n and O += P v of block n + 1 in flight together.
+    for (n = n_end - 2; n >= n_begin; --n) {
+      mbar_wait(&smem.k_full[pipe.index], pipe.phase);
+      mbar_wait(&smem.v_full[prev_stage], prev_phase);
+      pingpong_wait<T>(consumer_wg);
+      wgmma_fence();
+      issue_qk(s, q_rows, smem.k[pipe.index]);
+      issue_pv(pa, smem.v[prev_stage]);
+      pingpong_pass<T>(consumer_wg);
+      wgmma_wait<1>();  // S is done; O += P v may still run
+      fence_registers(s);
+      if (signals) {
+        mbar_arrive(&smem.k_empty[pipe.index]);
+        if (n == n_begin) mbar_arrive(&smem.q_empty);
+      }
+      mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
+      online_softmax(s, p.score_scale_log2, corr);
+      wgmma_wait<0>();
+      fence_registers(o);
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);  // read by the tensor cores until here
+      if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
+      rescale_o(corr);
       to_a_operand(s, pa);
-
-      mbar_wait(&smem.v_full[st], pipe.phase);
-      gemm_pv(pa, smem.v[st]);
-      if (signals) mbar_arrive(&smem.v_empty[st]);
+      prev_stage = pipe.index;
+      prev_phase = pipe.phase;
       pipe.advance();
     }
-    if (n_end <= n_begin && signals) mbar_arrive(&smem.q_empty);
+
+    // The last O += P v.
+    mbar_wait(&smem.v_full[prev_stage], prev_phase);
+    pingpong_wait<T>(consumer_wg);
+    wgmma_fence();
+    issue_pv(pa, smem.v[prev_stage]);
+    pingpong_pass<T>(consumer_wg);
+    wgmma_wait<0>();
+    fence_registers(o);
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);
+    if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
 
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

@@ -3,6 +3,12 @@
 
 #include <cstdint>
 
+// Dev switch (dev/sm90/run.sh measures the kernel with it off): ping-pong scheduling of the
+// two consumer warpgroups.
+#ifndef FLASHATTN_SM90_PINGPONG
+#define FLASHATTN_SM90_PINGPONG 1
+#endif
+
 namespace flashattn::cuda::sm90 {
 
 // What the kernel reads besides the three tensor maps (q, k, v are read through TMA only).
@@ -15,9 +21,10 @@ struct FwdParams {
   int32_t batch, num_heads, heads_per_kv_head;
   int32_t seqlen_q, seqlen_k;  // varlen: the longest
   int64_t total_q;
-  float scale_log2;    // softmax_scale * log2(e): scores go to the exp2 domain in one multiply
-  float softcap_pre;   // softmax_scale / softcap (softcap on)
-  float softcap_log2;  // softcap * log2(e)       (softcap on)
+  // Scores go to the exp2 domain in the FFMA of the softmax: s * score_scale_log2 - max.
+  float score_scale_log2;  // softmax_scale * log2(e); with softcap log2(e) (the cap applied first)
+  float softcap_pre;       // softmax_scale / softcap (softcap on): s = softcap * tanh(q.k * softcap_pre)
+  float softcap;
   int32_t has_softcap;
   int32_t causal, window_left, window_right;
   int32_t num_m_blocks;  // ceil(seqlen_q / block_m)
@@ -38,6 +45,7 @@ struct Traits {
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr bool kPingPong = FLASHATTN_SM90_PINGPONG;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;  // 24 * 128 + 240 * 256 <= 64K registers
 
