@@ -56,6 +56,35 @@ __device__ __forceinline__ int ld_acquire(const int32_t* p) {
   return v;
 }
 
+// ldmatrix from a 32-bit shared-memory address (mma.cuh's take generic pointers).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Byte offsets into a SmemTile for one lane's ldmatrix row address: the lane part (row_t, 8 * unit_t
+// with unit_t 0 or 1) is fixed at construction, the rest (row_c a multiple of 8, col_c a multiple of
+// 16) is added by at(), where it is usually a compile-time constant. Both swizzles of SmemTile depend
+// only on row % 8, so swizzle(row_t + row_c) = swizzle(row_t) and the unit of (row, col) is
+// (col_c unit) ^ x with x = unit_t ^ swizzle(row_t).
+template <int kRows, int kCols>
+struct TileCursor {
+  using Tile = SmemTile<kRows, kCols>;
+  int row_off, x;
+  __device__ __forceinline__ TileCursor(int row_t, int unit_t)
+      : row_off(row_t * Tile::kChunk), x((Tile::offset(row_t, 8 * unit_t) - row_t * Tile::kChunk) / 8) {}
+  __device__ __forceinline__ uint32_t at(int row_c, int col_c) const {
+    const int chunk = col_c / Tile::kChunk, unit = (col_c % Tile::kChunk) / 8;
+    return uint32_t(2 * ((chunk * kRows + row_c) * Tile::kChunk + row_off + ((unit ^ x) << 3)));
+  }
+};
+
 template <class T>
 __device__ __forceinline__ float to_float(T x);
 template <>
@@ -289,8 +318,19 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_dk[nt][e] = acc_dv[nt][e] = 0.f;
 
-  const int warp_row = warp * 16;  // this warp's first key row in the block
-  const int d0 = part * kDimPart;  // first head_dim column of this CTA's dK, dV, dQ
+  const int warp_row = warp * 16;                     // this warp's first key row in the block
+  const int d0 = Tr::kSplitD == 1 ? 0 : part * kDimPart;  // first head_dim column of this CTA's dK, dV, dQ
+  const int wm = warp % Tr::kDqWarpsM, wn = warp / Tr::kDqWarpsM, dq_col0 = d0 + wn * Tr::kDqCols;
+
+  // ldmatrix lane addresses (patterns in mma.cuh): A of K/V rows, B of Q/dO [q][d], B^T of Q/dO and
+  // of K [row][d], A^T of dS^T [key][q].
+  const uint32_t sK_addr = smem_addr(sK), sV_addr = smem_addr(sV), sQ_addr = smem_addr(sQ),
+                 sDo_addr = smem_addr(sDo), sDs_addr = smem_addr(sDs);
+  const TileCursor<kBlockN, kHeadDim> cur_kv_a(warp_row + lane % 16, lane / 16);
+  const TileCursor<kBlockM, kHeadDim> cur_q_b(8 * (lane / 16) + lane % 8, (lane / 8) % 2);
+  const TileCursor<kBlockM, kHeadDim> cur_q_bt(8 * ((lane / 8) % 2) + lane % 8, lane / 16);
+  const TileCursor<kBlockN, kHeadDim> cur_kv_bt(8 * ((lane / 8) % 2) + lane % 8, lane / 16);
+  const TileCursor<kBlockN, kBlockM> cur_ds_at(lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
 
   for (int it = 0; it < num_iters; ++it) {
     const int buf = it & 1;
@@ -300,8 +340,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_
     cp_async_commit();
 
     const int h = head_kv * p.group + it / m_range, m_block = i_begin + it % m_range, m0 = m_block * kBlockM;
-    const T* q_s = sQ + buf * TileQ::kElements;
-    const T* do_s = sDo + buf * TileQ::kElements;
+    const uint32_t q_s = sQ_addr + buf * TileQ::kBytes, do_s = sDo_addr + buf * TileQ::kBytes;
 
     // S^T = K_w Q^T and dP^T = V_w dO^T: (16 keys x block_m queries) per warp.
     float s[kMTiles][4], dp[kMTiles][4];
@@ -312,14 +351,13 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       uint32_t a_k[4], a_v[4];
-      ldmatrix_x4(a_k, sK + TileKV::offset(warp_row + lane % 16, kk * 16 + 8 * (lane / 16)));
-      ldmatrix_x4(a_v, sV + TileKV::offset(warp_row + lane % 16, kk * 16 + 8 * (lane / 16)));
+      ldsm_x4(a_k, sK_addr + cur_kv_a.at(0, kk * 16));
+      ldsm_x4(a_v, sV_addr + cur_kv_a.at(0, kk * 16));
 #pragma unroll
       for (int np = 0; np < kBlockM / 16; ++np) {
         uint32_t b_q[4], b_do[4];
-        const int row = np * 16 + 8 * (lane / 16) + lane % 8, col = kk * 16 + 8 * ((lane / 8) % 2);
-        ldmatrix_x4(b_q, q_s + TileQ::offset(row, col));
-        ldmatrix_x4(b_do, do_s + TileQ::offset(row, col));
+        ldsm_x4(b_q, q_s + cur_q_b.at(np * 16, kk * 16));
+        ldsm_x4(b_do, do_s + cur_q_b.at(np * 16, kk * 16));
         mma_16816<T>(s[2 * np], a_k, b_q[0], b_q[1]);
         mma_16816<T>(s[2 * np + 1], a_k, b_q[2], b_q[3]);
         mma_16816<T>(dp[2 * np], a_v, b_do[0], b_do[1]);
@@ -332,6 +370,15 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_
     const int mlast = min(m0 + kBlockM, seqlen_q) - 1;
     const bool need_mask = !(mask.key_begin(mlast) <= n0 && mask.key_end(m0) >= n1 && m0 + kBlockM <= seqlen_q &&
                              n1 <= seqlen_k);
+    // Element mask of a boundary block in block coordinates (key row r, query column c), 32-bit:
+    // visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (the band of Mask, clamped).
+    int band_lo = -(1 << 30), band_hi = 1 << 30;
+    if (need_mask) {
+      const int64_t diag = int64_t(seqlen_k) - seqlen_q - (n0 - m0);  // key row - query column on the diagonal
+      if (mask.left >= 0) band_lo = int(max(int64_t(band_lo), diag - mask.left));
+      if (mask.right >= 0) band_hi = int(min(int64_t(band_hi), diag + mask.right));
+    }
+    const int rows_k = seqlen_k - n0, cols_q = seqlen_q - m0;
     const float* lse_s = sLse + buf * kBlockM;
     const float* dsum_s = sD + buf * kBlockM;
 #pragma unroll
@@ -349,10 +396,18 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_
           pv = exp2_fast(s[nt][e] * p.scale_log2 - lse_log2);
           ds = pv * (dp[nt][e] - dsum_s[col]);
         }
-        if (need_mask && !(m0 + col < seqlen_q && mask.visible(m0 + col, n0 + row))) pv = ds = 0.f;
+        if (need_mask && !(row - col >= band_lo && row - col <= band_hi && row < rows_k && col < cols_q)) pv = ds = 0.f;
         s[nt][e] = pv;
         dp[nt][e] = ds;
       }
+    }
+
+    // dS^T to shared memory for dQ (the same rounded values dK uses).
+#pragma unroll
+    for (int nt = 0; nt < kMTiles; ++nt) {
+      const int row = warp_row + g;
+      *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row, nt * 8) + 2 * t) = pack2<T>(dp[nt][0], dp[nt][1]);
+      *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row + 8, nt * 8) + 2 * t) = pack2<T>(dp[nt][2], dp[nt][3]);
     }
 
     // dV += P^T dO_i and dK += dS^T Q_i: A from the registers above, B = dO_i / Q_i [q][d] (.trans).
@@ -364,22 +419,11 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_
       const uint32_t a_ds[4] = {pack2<T>(dp[2 * ks][0], dp[2 * ks][1]), pack2<T>(dp[2 * ks][2], dp[2 * ks][3]),
                                 pack2<T>(dp[2 * ks + 1][0], dp[2 * ks + 1][1]),
                                 pack2<T>(dp[2 * ks + 1][2], dp[2 * ks + 1][3])};
-      // dS^T to shared memory for dQ (the same rounded values dK uses).
-      if (ks == 0) {
-#pragma unroll
-        for (int nt = 0; nt < kMTiles; ++nt) {
-          const int row = warp_row + g;
-          *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row, nt * 8) + 2 * t) = pack2<T>(dp[nt][0], dp[nt][1]);
-          *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row + 8, nt * 8) + 2 * t) =
-              pack2<T>(dp[nt][2], dp[nt][3]);
-        }
-      }
 #pragma unroll
       for (int np = 0; np < kDimPart / 16; ++np) {
         uint32_t b_do[4], b_q[4];
-        const int row = ks * 16 + 8 * ((lane / 8) % 2) + lane % 8, col = d0 + np * 16 + 8 * (lane / 16);
-        ldmatrix_x4_trans(b_do, do_s + TileQ::offset(row, col));
-        ldmatrix_x4_trans(b_q, q_s + TileQ::offset(row, col));
+        ldsm_x4_trans(b_do, do_s + cur_q_bt.at(ks * 16, d0 + np * 16));
+        ldsm_x4_trans(b_q, q_s + cur_q_bt.at(ks * 16, d0 + np * 16));
         mma_16816<T>(acc_dv[2 * np], a_p, b_do[0], b_do[1]);
         mma_16816<T>(acc_dv[2 * np + 1], a_p, b_do[2], b_do[3]);
         mma_16816<T>(acc_dk[2 * np], a_ds, b_q[0], b_q[1]);
@@ -390,7 +434,6 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_
 
     // dQ_i (block_m x kDimPart) += dS K_j: warp (wm, wn) owns rows 16 wm, columns kDqCols wn.
     // A = dS from dS^T [key][q] (.trans), B = K_j [key][d] (.trans).
-    const int wm = warp % Tr::kDqWarpsM, wn = warp / Tr::kDqWarpsM, dq_col0 = d0 + wn * Tr::kDqCols;
     float acc_dq[kDqTiles][4];
 #pragma unroll
     for (int nt = 0; nt < kDqTiles; ++nt)
@@ -399,12 +442,11 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_
 #pragma unroll
     for (int ks = 0; ks < kBlockN / 16; ++ks) {
       uint32_t a_ds[4];
-      ldmatrix_x4_trans(a_ds, sDs + TileDs::offset(ks * 16 + lane % 8 + 8 * (lane / 16), wm * 16 + 8 * ((lane / 8) % 2)));
+      ldsm_x4_trans(a_ds, sDs_addr + cur_ds_at.at(ks * 16, wm * 16));
 #pragma unroll
       for (int np = 0; np < kDqTiles / 2; ++np) {
         uint32_t b_k[4];
-        ldmatrix_x4_trans(b_k, sK + TileKV::offset(ks * 16 + 8 * ((lane / 8) % 2) + lane % 8,
-                                                   dq_col0 + np * 16 + 8 * (lane / 16)));
+        ldsm_x4_trans(b_k, sK_addr + cur_kv_bt.at(ks * 16, dq_col0 + np * 16));
         mma_16816<T>(acc_dq[2 * np], a_ds, b_k[0], b_k[1]);
         mma_16816<T>(acc_dq[2 * np + 1], a_ds, b_k[2], b_k[3]);
       }

@@ -122,8 +122,8 @@ Status sm80_backward(const fa_params& p) {
 
   // 16-byte vector loads and stores need aligned bases and strides in multiples of 8 elements.
   bool vec = p.head_dim % 8 == 0;
-  for (const void* ptr : {p.q, p.k, p.v, p.o, p.dout, static_cast<const void*>(p.dq), static_cast<const void*>(p.dk),
-                          static_cast<const void*>(p.dv)})
+  const void* const pointers[] = {p.q, p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv};
+  for (const void* ptr : pointers)
     vec = vec && aligned16(ptr);
   const int64_t strides[] = {p.q_row_stride,  p.q_head_stride,  p.k_row_stride,  p.k_head_stride,  p.v_row_stride,
                              p.v_head_stride, p.o_row_stride,   p.o_head_stride, p.do_row_stride, p.do_head_stride,
