@@ -11,7 +11,9 @@
 //
 // and once at the end: o = O / l, lse = m * ln2 + log(l) (natural log). Keeping S transposed puts
 // the softmax of block_m rows side by side in the vector lanes, so the row max and row sum need no
-// horizontal reductions and the mask is a lane-wise compare. Scratch per thread is O(block * d).
+// horizontal reductions and the mask is a lane-wise compare. K and V are first packed once into
+// fp32 (kv head, row, d_pad) copies (O(seqlen * d) memory), so the tasks read them with short,
+// cache-friendly strides and convert fp16 / bf16 only once. Scratch per thread is O(block * d).
 #include <omp.h>
 
 #include <algorithm>
@@ -34,13 +36,24 @@ struct Config {
   float scale, scale_log2, softcap;
 };
 
+// K and V as fp32 (num_heads_kv, rows, d_pad); rows = batch * seqlen_k, or total_k when varlen.
+struct PackedKV {
+  Buffer k, v;
+  int64_t rows = 0;
+  int d_pad = 0;
+  const float* k_row(const fa_params& p, const Sequence& seq, int64_t j, int h_kv) const { return k.get() + index(p, seq, j, h_kv); }
+  const float* v_row(const fa_params& p, const Sequence& seq, int64_t j, int h_kv) const { return v.get() + index(p, seq, j, h_kv); }
+  int64_t index(const fa_params& p, const Sequence& seq, int64_t j, int h_kv) const {
+    const int64_t row = (is_varlen(p) ? seq.k_start : int64_t(seq.batch_index) * p.seqlen_k) + j;
+    return (h_kv * rows + row) * d_pad;
+  }
+};
+
 struct Workspace {
-  Buffer q_t, k, v, s_t, o, m, l, alpha, row_max, row_sum, row_out;
+  Buffer q_t, s_t, o, m, l, alpha, row_max, row_sum, row_out;
   std::vector<int32_t> key_begin, key_end;
   explicit Workspace(const Config& c)
       : q_t(int64_t(c.head_dim) * c.m_pad),
-        k(int64_t(c.block_n) * c.head_dim),
-        v(int64_t(c.block_n) * c.d_pad),
         s_t(int64_t(c.block_n) * c.m_pad),
         o(int64_t(c.m_pad) * c.d_pad),
         m(c.m_pad), l(c.m_pad), alpha(c.m_pad), row_max(c.m_pad), row_sum(c.m_pad), row_out(c.d_pad),
@@ -48,18 +61,21 @@ struct Workspace {
 };
 
 // One query block [m0, m0 + rows) of head h of sequence seq.
-void forward_block(const fa_params& p, const Config& c, Workspace& w, const Sequence& seq, int h, int m0) {
+void forward_block(const fa_params& p, const Config& c, const PackedKV& kv, Workspace& w, const Sequence& seq, int h,
+                   int m0) {
   const int d = c.head_dim, d_pad = c.d_pad, m_pad = c.m_pad;
   const int rows = std::min(c.block_m, seq.seqlen_q - m0);
   const int h_kv = h / c.group;
   const Mask mask(seq.seqlen_q, seq.seqlen_k, p.causal != 0, p.window_left, p.window_right);
-  const auto qr = q_ref(p), kr = k_ref(p), vr = v_ref(p), orf = o_ref(p);
+  const auto qr = q_ref(p), orf = o_ref(p);
 
-  // Q_i^T (d, m_pad); lanes past `rows` are zero and fully masked.
+  // Q_i^T (d, m_pad), times scale * log2 e unless softcap needs the raw score; lanes past `rows`
+  // are zero and never stored.
+  const float q_scale = c.softcap > 0 ? 1.f : c.scale_log2;
   float* q_t = w.q_t.get();
   for (int i = 0; i < rows; ++i) {
     load_row_f32(p.q, row_offset(p, qr, seq, true, m0 + i, h), d, p.dtype, w.row_out.get());
-    for (int cc = 0; cc < d; ++cc) q_t[int64_t(cc) * m_pad + i] = w.row_out.get()[cc];
+    for (int cc = 0; cc < d; ++cc) q_t[int64_t(cc) * m_pad + i] = q_scale * w.row_out.get()[cc];
   }
   for (int cc = 0; cc < d; ++cc) std::fill(q_t + int64_t(cc) * m_pad + rows, q_t + int64_t(cc) * m_pad + m_pad, 0.f);
   for (int i = 0; i < m_pad; ++i) {
@@ -75,50 +91,33 @@ void forward_block(const fa_params& p, const Config& c, Workspace& w, const Sequ
   const int64_t kb = mask.key_begin(m0), ke = mask.key_end(m0 + rows - 1);
   for (int64_t n0 = kb; n0 < ke; n0 += c.block_n) {
     const int nv = int(std::min<int64_t>(c.block_n, ke - n0));
-    // K_j (nv, d) in fp32: read in place when fp32, else converted.
-    const float* k_blk;
-    int64_t ldk;
-    if (p.dtype == FA_FLOAT32) {
-      k_blk = static_cast<const float*>(p.k) + row_offset(p, kr, seq, false, n0, h_kv);
-      ldk = kr.row_stride;
-    } else {
-      for (int j = 0; j < nv; ++j)
-        load_row_f32(p.k, row_offset(p, kr, seq, false, n0 + j, h_kv), d, p.dtype, w.k.get() + int64_t(j) * d);
-      k_blk = w.k.get();
-      ldk = d;
-    }
-    // V_j (nv, d_pad), zero-padded columns.
-    float* v_blk = w.v.get();
-    for (int j = 0; j < nv; ++j)
-      load_row_f32(p.v, row_offset(p, vr, seq, false, n0 + j, h_kv), d, p.dtype, v_blk + int64_t(j) * d_pad);
+    const float* k_blk = kv.k_row(p, seq, n0, h_kv);  // K_j (nv, d_pad)
+    const float* v_blk = kv.v_row(p, seq, n0, h_kv);  // V_j (nv, d_pad)
+    gemm<false>(nv, m_pad, d, k_blk, d_pad, q_t, m_pad, s_t, m_pad, false);  // S^T (nv, m_pad), log2 units
 
-    gemm<false>(nv, m_pad, d, k_blk, ldk, q_t, m_pad, s_t, m_pad, false);  // S^T (nv, m_pad)
-
-    float multiplier = c.scale_log2;
     if (c.softcap > 0) {
       const float inner = c.scale / c.softcap, outer = c.softcap * kLog2e;
       for (int64_t e = 0; e < int64_t(nv) * m_pad; ++e) s_t[e] = outer * std::tanh(inner * s_t[e]);
-      multiplier = 1.f;
     }
     // Masking is needed unless every row sees every key of the block.
     const bool masked = n0 < mask.key_begin(m0 + rows - 1) || n0 + nv > mask.key_end(m0);
 
-    // Pass 1: x = S * multiplier (masked -> -inf), column max per lane.
+    // Pass 1: masked scores -> -inf (boundary blocks only), column max per lane.
     float* row_max = w.row_max.get();
     std::fill(row_max, row_max + m_pad, kNegInf);
-    const vfloat mult = vbroadcast(multiplier), neg_inf = vbroadcast(kNegInf);
+    const vfloat neg_inf = vbroadcast(kNegInf);
     for (int j = 0; j < nv; ++j) {
       float* srow = s_t + int64_t(j) * m_pad;
       const vint jg = vint{} + int32_t(n0 + j);
       for (int i = 0; i < m_pad; i += kLanes) {
-        vfloat x = vload(srow + i) * mult;
+        vfloat x = vload(srow + i);
         if (masked) {
           vint kbv, kev;
           std::memcpy(&kbv, w.key_begin.data() + i, sizeof(vint));
           std::memcpy(&kev, w.key_end.data() + i, sizeof(vint));
           x = (jg >= kbv) & (jg < kev) ? x : neg_inf;
+          vstore(srow + i, x);
         }
-        vstore(srow + i, x);
         vstore(row_max + i, vmax(vload(row_max + i), x));
       }
     }
@@ -181,8 +180,26 @@ Status fa2_forward(const fa_params& p) {
 
   const int64_t num_tasks = int64_t(p.batch) * p.num_heads * c.num_m_blocks;
   const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+  PackedKV kv;
+  kv.rows = is_varlen(p) ? p.total_k : int64_t(p.batch) * p.seqlen_k;
+  kv.d_pad = c.d_pad;
+  kv.k = Buffer(kv.rows * p.num_heads_kv * c.d_pad);
+  kv.v = Buffer(kv.rows * p.num_heads_kv * c.d_pad);
+  const auto kr = k_ref(p), vr = v_ref(p);
 #pragma omp parallel num_threads(threads)
   {
+    // Pack K and V (padding columns stay zero from the allocation).
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < p.batch; ++b) {
+      for (int h_kv = 0; h_kv < p.num_heads_kv; ++h_kv) {
+        const Sequence seq = sequence(p, b);
+        for (int j = 0; j < seq.seqlen_k; ++j) {
+          const int64_t at = kv.index(p, seq, j, h_kv);
+          load_row_f32(p.k, row_offset(p, kr, seq, false, j, h_kv), c.head_dim, p.dtype, kv.k.get() + at);
+          load_row_f32(p.v, row_offset(p, vr, seq, false, j, h_kv), c.head_dim, p.dtype, kv.v.get() + at);
+        }
+      }
+    }
     Workspace w(c);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < num_tasks; ++t) {
@@ -192,7 +209,7 @@ Status fa2_forward(const fa_params& p) {
       const int b = int(t / (int64_t(c.num_m_blocks) * p.num_heads));
       const Sequence seq = sequence(p, b);
       if (int64_t(mb) * c.block_m >= seq.seqlen_q) continue;
-      forward_block(p, c, w, seq, h, mb * c.block_m);
+      forward_block(p, c, kv, w, seq, h, mb * c.block_m);
     }
   }
   return {};
