@@ -27,9 +27,9 @@ if has build; then
   log "library + CLI + CUDA tests build"
   gen=""; command -v ninja >/dev/null && gen="-G Ninja"
   cfg=(-S . -B build $gen -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_HEAD_DIMS="${HEAD_DIMS:-64}" -DFLASHATTN_BENCH=OFF)
-  # CMake < 3.26 knows no C++20 dialect for nvcc: then retry with CUDA 17 (and say so).
+  # CMake 3.25 knows no C++20 dialect for nvcc: then name its flag (and say so).
   cmake "${cfg[@]}" >"$OUT/configure.log" 2>&1 ||
-    { log "configure failed; retrying with -DCMAKE_CUDA_STANDARD=17"; rm -rf build; cmake "${cfg[@]}" -DCMAKE_CUDA_STANDARD=17 >"$OUT/configure.log" 2>&1; } &&
+    { log "configure failed; retrying with an explicit C++20 flag for nvcc"; rm -rf build; cmake "${cfg[@]}" -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 >"$OUT/configure.log" 2>&1; } &&
     timeout "${BUILD_TIMEOUT:-170}" cmake --build build -j 16 --target flashattn_cli flashattn_cuda_tests >"$OUT/build.log" 2>&1 &&
     built=1
   log "build ok=$built"
