@@ -18,7 +18,8 @@
 
 namespace flashattn::cpu {
 
-BlockSizes block_sizes(int64_t cache_bytes, int head_dim) {
+// Exported (the library hides symbols by default): the CLI's IO model and the tests use the rule.
+FA_API BlockSizes block_sizes(int64_t cache_bytes, int head_dim) {
   const int64_t d = std::max(head_dim, 1);
   const int64_t m_elements = std::max<int64_t>(cache_bytes, 0) / int64_t(sizeof(float));
   int64_t block_c = (m_elements + 4 * d - 1) / (4 * d);
@@ -44,7 +45,7 @@ int64_t parse_size(const std::string& s) {
 
 }  // namespace
 
-int64_t l2_cache_bytes() {
+FA_API int64_t l2_cache_bytes() {
   static const int64_t bytes = [] {
 #ifdef _SC_LEVEL2_CACHE_SIZE
     long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
