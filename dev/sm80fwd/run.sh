@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sm80 forward's device run: builds dev/sm80fwd/check (nvcc, sm_90 by default, -j16), runs the
-# correctness cases, then the timing sweep with candidate configs. Logs go to $OUT (default ./out).
+# correctness cases, then the timing sweep with candidate configs. KEEP_BUILD=1 reuses objects already in $BUILD. Logs go to $OUT (default ./out).
 #   bash dev/sm80fwd/run.sh [check|time]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -8,6 +8,7 @@ OUT=${OUT:-$PWD/dev/sm80fwd/out}
 ARCH=${ARCH:-90}
 JOBS=${JOBS:-16}
 BUILD=${BUILD:-/tmp/sm80fwd-build}
+[ "${KEEP_BUILD:-0}" = 1 ] || rm -rf "$BUILD"
 mkdir -p "$OUT" "$BUILD"
 
 # Candidate configs {head_dim, block_m, block_n, warps, stages}, timed beside the table's.
@@ -43,12 +44,16 @@ done
   echo '}'
 } > "$BUILD/candidate_list.cu"
 for i in "${!CANDIDATES[@]}"; do
-  echo "${NVCC[*]} -DCAND_INDEX=$i '-DCAND_CONFIG={${CANDIDATES[$i]}}' -c dev/sm80fwd/candidate.cu -o $BUILD/cand$i.o > $BUILD/cand$i.log 2>&1" >> "$jobs_file"
+  IFS=, read -r cd cbm cbn cw cs <<< "${CANDIDATES[$i]}"
+  echo "${NVCC[*]} -DCAND_INDEX=$i -DCAND_D=$cd -DCAND_BM=$cbm -DCAND_BN=$cbn -DCAND_WARPS=$cw -DCAND_STAGES=$cs -c dev/sm80fwd/candidate.cu -o $BUILD/cand$i.o > $BUILD/cand$i.log 2>&1" >> "$jobs_file"
 done
 echo "${NVCC[*]} -c $BUILD/candidate_list.cu -o $BUILD/candidate_list.o > $BUILD/list.log 2>&1" >> "$jobs_file"
 echo "${NVCC[*]} ${DEFS[*]} -Xcompiler -fopenmp -c dev/sm80fwd/check.cu -o $BUILD/check.o > $BUILD/check.log 2>&1" >> "$jobs_file"
 echo "g++ -std=c++20 -O2 -fopenmp -I src -I include -c src/cpu/reference.cpp -o $BUILD/reference.o > $BUILD/reference.log 2>&1" >> "$jobs_file"
 
+# Each job compiles one object: skip those already built (KEEP_BUILD=1).
+awk '{ for (i = 1; i < NF; ++i) if ($i == "-o") { o = $(i + 1) } print "[ -f " o " ] || " $0 }' "$jobs_file" > "$jobs_file.new"
+mv "$jobs_file.new" "$jobs_file"
 start=$(date +%s)
 status=0
 xargs -P "$JOBS" -I CMD bash -c CMD < "$jobs_file" || status=$?

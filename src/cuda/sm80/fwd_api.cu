@@ -115,6 +115,8 @@ Status sm80_forward(const fa_params& p) {
   if (!launch)
     return unsupported("head_dim %d: the flashattn-sm80 kernel for head_dim %d was not built (FLASHATTN_CUDA_HEAD_DIMS)",
                        p.head_dim, kernel_head_dim);
+  if (effective_scale(p) < 0.f)
+    return unsupported("softmax_scale %g: flashattn-sm80 needs a scale >= 0 (its running max assumes it)", double(p.softmax_scale));
   if (p.num_heads > 65535) return unsupported("num_heads %d: flashattn-sm80 launches at most 65535", p.num_heads);
   if (p.batch > 65535) return unsupported("batch %d: flashattn-sm80 launches at most 65535", p.batch);
   if (p.batch == 0 || p.seqlen_q == 0 || num_rows(p) == 0) return {};
