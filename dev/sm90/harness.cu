@@ -6,6 +6,7 @@
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc -DFLASHATTN_HDIM_64=1 ...
 //        dev/sm90/harness.cu src/cuda/sm90/*.cu -o sm90_harness -Xcompiler -fopenmp
 // Run:  sm90_harness check [small] | sm90_harness bench [variant-name]
+//       sm90_harness profile <head_dim> <causal> <seqlen>   (one shape of the sweep, for ncu)
 //
 // The check follows the project's rule: the error against fp64 must be within 2x the error of a
 // plain same-precision implementation (fp32 scores and softmax, P and O rounded to the dtype)
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -293,7 +295,8 @@ static std::vector<Case> check_cases(bool small) {
 }
 
 // Timing of the standard sweep: bf16, 16k tokens, hidden 2048 (8 heads of 256).
-static void bench(const char* label) {
+// Times the sweep; with only_d > 0 runs just that (head_dim, causal, seqlen) twice (for ncu).
+static void bench(const char* label, int only_d = 0, int only_causal = 0, int only_seqlen = 0) {
   std::printf("\n%-10s %5s %6s %4s %3s %7s %10s %8s\n", "variant", "hdim", "seqlen", "bat", "cau", "heads", "ms", "TFLOP/s");
   // Every shape of the sweep holds 16k tokens x 2048 hidden: one set of buffers serves all.
   const size_t n = size_t(16384) * 2048;
@@ -319,6 +322,7 @@ static void bench(const char* label) {
   for (int d : {64, 128, 256}) {
     for (int causal : {0, 1}) {
       for (int seqlen : {512, 1024, 2048, 4096, 8192, 16384}) {
+        if (only_d && (d != only_d || causal != only_causal || seqlen != only_seqlen)) continue;
         const int batch = 16384 / seqlen, H = d == 256 ? 8 : 2048 / d;
         fa_params p;
         std::memset(&p, 0, sizeof p);
@@ -339,7 +343,7 @@ static void bench(const char* label) {
         p.window_left = p.window_right = -1;
         for (int w = 0; w < 3; ++w) flashattn::cuda::sm90_forward(p);
         std::vector<float> ms;
-        for (int it = 0; it < 15; ++it) {
+        for (int it = 0; it < (only_d ? 1 : 15); ++it) {
           cudaEventRecord(e0);
           flashattn::Status st = flashattn::cuda::sm90_forward(p);
           cudaEventRecord(e1);
@@ -371,6 +375,10 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   if (mode == "bench") {
     bench(argc > 2 ? argv[2] : "sm90");
+    return 0;
+  }
+  if (mode == "profile" && argc > 4) {  // profile <head_dim> <causal> <seqlen>
+    bench("profile", std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
     return 0;
   }
   const bool small = argc > 2 && std::string(argv[2]) == "small";

@@ -2,7 +2,8 @@
 # The Hopper forward's device run, one command: build the dev harness with parallel nvcc, check
 # it against the fp64 reference on many shapes, run compute-sanitizer on small shapes, time the
 # standard sweep. Logs go to $OUT. Usage (repository root): dev/sm90/run.sh [check] [sanitize] [bench]
-# [bench-nopingpong] (the last one rebuilds the kernels with ping-pong off, for the design note).
+# [bench-nopingpong] [ncu] (bench-nopingpong rebuilds the kernels with ping-pong off, for the design
+# note; ncu profiles head_dim 128, seqlen 16k, non-causal).
 set -u
 OUT=${OUT:-/tmp/sm90-out}
 mkdir -p "$OUT"
@@ -39,6 +40,9 @@ for step in $STEPS; do
         echo "$tool: rc=$? $(tail -2 "$OUT/$tool.log" | tr '\n' ' ')"
       done ;;
     bench) timeout 150 $B/sm90_harness bench sm90 2>&1 | tee "$OUT/bench.log" ;;
+    ncu) timeout 120 ncu --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+           --section SchedulerStats --section MemoryWorkloadAnalysis $B/sm90_harness profile 128 0 16384 > "$OUT/ncu.log" 2>&1
+         grep -E "Throughput|Duration|Stall|Issued|Eligible|Hit Rate|Active Warps" "$OUT/ncu.log" | head -40 ;;
     bench-nopingpong) timeout 150 $B/sm90_harness_nopp bench no-pp 2>&1 | tee "$OUT/bench_nopingpong.log" ;;
   esac
 done

@@ -137,26 +137,26 @@ struct Consumer {
     wgmma_commit();
   }
 
-  // Softcap (when on) and the mask by index where the block needs it (-inf: no weight).
+  // Softcap (when on) and the mask by index where the block needs it (-inf: no weight). Both are
+  // rare: the branches stay outside the element loops so the common path pays nothing.
   __device__ __forceinline__ static void mask_scores(float (&s)[kN / 2], const FwdParams& p, int32_t key0,
                                                      const int32_t (&key_begin)[2], const int32_t (&key_end)[2],
                                                      bool need_mask) {
-    const int lane = threadIdx.x % 32;
+    if (p.has_softcap) {
 #pragma unroll
-    for (int n = 0; n < kN / 8; ++n) {
+      for (int e = 0; e < kN / 2; ++e) s[e] = p.softcap * tanhf(s[e] * p.softcap_pre);
+    }
+    if (need_mask) {
+      const int32_t key_lane = key0 + 2 * (threadIdx.x % 4);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int n = 0; n < kN / 8; ++n)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          float x = s[4 * n + 2 * i + j];
-          if (p.has_softcap) x = p.softcap * tanhf(x * p.softcap_pre);
-          if (need_mask) {
-            const int32_t key = key0 + 8 * n + 2 * (lane % 4) + j;
-            if (key < key_begin[i] || key >= key_end[i]) x = -INFINITY;
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int32_t key = key_lane + 8 * n + j;
+            if (key < key_begin[i] || key >= key_end[i]) s[4 * n + 2 * i + j] = -INFINITY;
           }
-          s[4 * n + 2 * i + j] = x;
-        }
-      }
     }
   }
 
@@ -294,6 +294,13 @@ struct Consumer {
       }
       mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
       online_softmax(s, p.score_scale_log2, corr);
+      // Keep the softmax above the wait for O += P v: ptxas hoists that wait over straight-line
+      // code (and the overlap is lost), but not over a loop. The spin on v_full of this block
+      // (needed by the next O += P v anyway) is that loop.
+      fence_registers(s);
+      fence_registers(row_sum);
+      fence_registers(corr);
+      mbar_wait(&smem.v_full[pipe.index], pipe.phase);
       wgmma_wait<0>();
       fence_registers(o);
 #pragma unroll
