@@ -288,6 +288,9 @@ int cmd_run(const RunOptions& o) {
   }
 
   std::printf("\n");
+  const double tensor_bytes = double(dtype_bytes(p.dtype)) * 2 * (q_elements(p) + k_elements(p)) + double(t.lse_elements()) * 4;
+  std::printf("tensors   : q, k, v, o and lse take %s on the %s in every implementation (not counted as extra)\n",
+              human_bytes(tensor_bytes).c_str(), gpu ? "GPU" : "CPU");
   std::printf("time      : median of the timed runs (up to %d, after one checked run), %s\n", o.repeats,
               gpu ? "CUDA events on the default stream" : "wall clock");
   if (gpu) {

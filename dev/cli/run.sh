@@ -39,7 +39,7 @@ fi
 if [ $built = 1 ]; then
   if has tests; then
     log "GPU tests of cuda-standard"
-    timeout 60 build/tests/flashattn_cuda_tests --gtest_filter='*Standard*' --gtest_brief=1 >"$OUT/tests.log" 2>&1
+    timeout 60 build/tests/flashattn_cuda_tests --gtest_filter='*CudaStandard*' --gtest_brief=1 >"$OUT/tests.log" 2>&1
     log "tests rc=$?"
     tail -n 25 "$OUT/tests.log"
   fi
