@@ -15,6 +15,7 @@ namespace fa_cli {
 
 struct RunOptions {
   ProblemSpec spec;
+  int seqlen = -1;  // --seqlen: both lengths
   std::string device = "auto";
   std::vector<std::string> impls;  // empty: standard and flash on the device
   int repeats = 5;

@@ -19,12 +19,10 @@ void add_run_command(CLI::App& app, RunOptions& o) {
       "causal): time, peak extra memory, bytes moved by the IO model, max error against the fp64 reference");
   ProblemSpec& s = o.spec;
   run->add_option("--batch", s.batch, "batch size")->capture_default_str();
-  run->add_option("--seqlen", [&s](const CLI::results_t& r) {
-       s.seqlen_q = s.seqlen_k = std::stoi(r.at(0));
-       return true;
-     }, "query and key length (sets both)")->type_name("INT")->check(CLI::Number);
-  run->add_option("--seqlen-q", s.seqlen_q, "query length")->capture_default_str();
-  run->add_option("--seqlen-k", s.seqlen_k, "key length")->capture_default_str();
+  CLI::Option* both = run->add_option("--seqlen", o.seqlen, "query and key length (sets both)");
+  CLI::Option* sq = run->add_option("--seqlen-q", s.seqlen_q, "query length")->capture_default_str();
+  CLI::Option* sk = run->add_option("--seqlen-k", s.seqlen_k, "key length")->capture_default_str();
+  both->excludes(sq)->excludes(sk);
   run->add_option("--heads", s.heads, "query heads")->capture_default_str();
   run->add_option("--heads-kv", s.heads_kv, "key/value heads (GQA/MQA; 0: = --heads)")->capture_default_str();
   run->add_option("--head-dim", s.head_dim, "head dimension")->capture_default_str();
@@ -112,8 +110,10 @@ int cmd_run(const RunOptions& o) {
   const fa_dtype dtype = o.spec.dtype.empty() ? (dev == Device::Cpu ? FA_FLOAT32 : FA_FLOAT16) : parse_dtype(o.spec.dtype);
   if (o.repeats < 1) throw UsageError("--repeats must be >= 1 (got " + std::to_string(o.repeats) + ")");
   if (!(o.budget_s > 0)) throw UsageError("--budget must be > 0 seconds");
-  fa_params shape = make_params(o.spec, dtype);
-  const bool varlen = !o.spec.varlen_q.empty();
+  ProblemSpec spec = o.spec;
+  if (o.seqlen >= 0) spec.seqlen_q = spec.seqlen_k = o.seqlen;
+  fa_params shape = make_params(spec, dtype);
+  const bool varlen = !spec.varlen_q.empty();
   std::vector<fa_impl> impls;
   for (const auto& name : o.impls) impls.push_back(parse_impl(name, dev));
   const bool explicit_impls = !impls.empty();
@@ -131,7 +131,7 @@ int cmd_run(const RunOptions& o) {
   if (!varlen && shape.batch > 1 && !o.full) {
     fa_params one = shape;
     one.batch = 1;
-    Tensors probe(Device::Cpu, one, o.spec, false);
+    Tensors probe(Device::Cpu, one, spec, false);
     std::vector<float> o_ref, lse_ref;
     fa_params r = reference_params(probe, o_ref, lse_ref, 1);
     bool ok = false;
@@ -157,7 +157,7 @@ int cmd_run(const RunOptions& o) {
     }
   }
 
-  Tensors t(dev, shape, o.spec, false);
+  Tensors t(dev, shape, spec, false);
   const fa_params& p = t.p;
   const double flops = forward_flops(p, t.host_cu_q, t.host_cu_k);
   const int64_t cache = p.cpu_cache_bytes > 0 ? p.cpu_cache_bytes : l2_cache_bytes();
@@ -167,7 +167,7 @@ int cmd_run(const RunOptions& o) {
   std::printf("flashattn run: standard vs flash attention, forward\n");
   std::printf("problem : batch %d, seqlen_q %d, seqlen_k %d, heads %d (kv %d), head_dim %d, %s, %s, %s",
               varlen ? p.batch : shape.batch, p.seqlen_q, p.seqlen_k, p.num_heads, p.num_heads_kv, p.head_dim,
-              p.causal ? "causal" : "non-causal", fa_dtype_name(p.dtype), layout_note(o.spec));
+              p.causal ? "causal" : "non-causal", fa_dtype_name(p.dtype), layout_note(spec));
   if (p.window_left >= 0 || p.window_right >= 0) std::printf(", window (%d, %d)", p.window_left, p.window_right);
   if (p.softcap > 0) std::printf(", softcap %g", double(p.softcap));
   if (p.softmax_scale != 0) std::printf(", scale %g", double(p.softmax_scale));
