@@ -7,11 +7,13 @@
 //       src/cuda/sm80/bwd_hdim*.cu src/cpu/reference.cpp -Xcompiler -fopenmp
 //   run:   bwd_dev check          correctness over many shapes (nonzero exit on failure)
 //          bwd_dev bench          TFLOP/s on the standard sweep (bf16, 16k tokens, hidden 2048)
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -95,7 +97,9 @@ void set_strides(fa_params& p, const Layout& lq, const Layout& lk) {
 // as failure (an element left unwritten keeps the poison).
 double rel_error(const std::vector<float>& a, const std::vector<float>& ref, int64_t rows, int heads, int d,
                  const Layout& l, bool* nan) {
-  double err = 0, mag = 1e-30;
+  // Floor of the scale: a gradient that is ~0 in exact arithmetic (one visible key: dS = 0) would
+  // turn rounding noise into a huge relative error.
+  double err = 0, mag = 1e-2;
   for (int64_t r = 0; r < rows; ++r)
     for (int h = 0; h < heads; ++h)
       for (int c = 0; c < d; ++c) {
@@ -292,15 +296,26 @@ int check() {
   return failed ? 1 : 0;
 }
 
+// Uniform(-1.7, 1.7) (unit variance) from a hash of the index: fast, reproducible, never zero-filled.
+__global__ void fill_uniform(__nv_bfloat16* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x85ebca6bu ^ seed;
+    h ^= h >> 13, h *= 0xc2b2ae35u, h ^= h >> 16;
+    x[i] = __float2bfloat16((h >> 8) * (3.4641f / 16777216.f) - 1.7320f);
+  }
+}
+
 // Standard sweep: bf16, batch * seqlen = 16384, heads = 2048 / head_dim. Inputs random, o random,
 // lse a constant (timing only).
 int bench(bool deterministic) {
   std::printf("%-6s %-5s %-6s %-6s %-6s %-6s %-9s %-10s\n", "hdim", "heads", "batch", "seqlen", "causal", "det", "ms",
               "TFLOP/s");
+  const char* only = std::getenv("BWD_BENCH_HDIM");  // e.g. 128: that head_dim at 4k and 16k only
   for (int d : {64, 128})
     for (int causal : {0, 1})
       for (int s : {512, 1024, 2048, 4096, 8192, 16384}) {
         if (deterministic && s != 16384 && s != 2048) continue;
+        if (only && (d != std::atoi(only) || (s != 4096 && s != 16384))) continue;
         const int h = 2048 / d, b = 16384 / s;
         fa_params p;
         fa_params_init(&p);
@@ -309,15 +324,12 @@ int bench(bool deterministic) {
         Layout l = make_layout(b, s, h, d, 0, false);
         set_strides(p, l, l);
         const size_t n = size_t(l.elements);
-        std::vector<uint16_t> host(n);
-        std::mt19937 rng(7);
-        std::normal_distribution<float> nd(0.f, 1.f);
         void* bufs[8];
         for (int i = 0; i < 8; ++i) {
-          for (auto& x : host) x = flashattn::float_to_bf16(nd(rng));
           CK(cudaMalloc(&bufs[i], n * 2));
-          CK(cudaMemcpy(bufs[i], host.data(), n * 2, cudaMemcpyHostToDevice));
+          fill_uniform<<<1024, 256>>>(static_cast<__nv_bfloat16*>(bufs[i]), n, 0x9e3779b9u * (i + 1));
         }
+        CK(cudaDeviceSynchronize());
         std::vector<float> lse(size_t(b) * h * s, float(std::log(double(s))) + 2.f);
         float* lse_d;
         CK(cudaMalloc(&lse_d, lse.size() * 4));

@@ -1,8 +1,8 @@
 #!/bin/bash
 # One command on the GPU machine: build the standalone backward harness (every backward head dim,
-# sm_90 or ARCH), record the ptxas report, check correctness, time the sweep, time torch's flash
-# backward on the same shapes. Logs go to $OUT (default /tmp/sm80bwd-out).
-#   MODE=all|check|bench   (default all)
+# sm_90 or ARCH), record the ptxas report, check correctness, time the sweep, then time tile
+# variants of the config table (VARIANTS) at head_dim 64 / 128, and torch's flash backward.
+# Logs go to $OUT (default /tmp/sm80bwd-out).  MODE=all|check|bench  TORCH=1 to time torch.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/sm80bwd-out}
@@ -11,32 +11,57 @@ ARCH=${ARCH:-90}
 B=build-sm80bwd-dev
 mkdir -p "$OUT" "$B"
 DIMS="32 64 96 128 192 256"
-FLAGS="-std=c++20 -O3 -arch=sm_$ARCH --expt-relaxed-constexpr -lineinfo -Iinclude -Isrc"
+BASE="-std=c++20 -O3 -arch=sm_$ARCH --expt-relaxed-constexpr -lineinfo"
+FLAGS="$BASE -Iinclude -Isrc"
 for d in $DIMS; do FLAGS="$FLAGS -DFLASHATTN_HDIM_$d=1"; done
+# name:head_dim:config entry (block_m, block_n, warps, stages, split_d, chunk_m, ctas_per_sm)
+VARIANTS=${VARIANTS:-"A128:128:{128, 64, 128, 8, 2, 1, 64, 1} C128:128:{128, 32, 128, 8, 2, 1, 32, 1} E128:128:{128, 64, 64, 4, 2, 1, 32, 2} A64:64:{64, 64, 128, 8, 2, 1, 64, 1} C64:64:{64, 64, 128, 8, 2, 1, 32, 2} D64:64:{64, 128, 128, 8, 2, 1, 32, 1} E64:64:{64, 64, 64, 4, 2, 1, 32, 2} F64:64:{64, 64, 64, 4, 2, 1, 32, 3}"}
 
+throttle() { while [ "$(jobs -r | wc -l)" -ge 16 ]; do sleep 0.2; done; }
 t0=$(date +%s)
 objs=()
 for f in dev/sm80bwd/bwd_dev.cu src/cuda/sm80/bwd_launch.cu src/cuda/sm80/bwd_hdim*.cu src/cpu/reference.cpp; do
   o="$B/$(basename "$f").o"
   objs+=("$o")
   nvcc $FLAGS -Xptxas -v -Xcompiler -fopenmp -c "$f" -o "$o" >"$B/$(basename "$f").log" 2>&1 &
-  while [ "$(jobs -r | wc -l)" -ge 16 ]; do sleep 0.2; done
+  throttle
+done
+for v in $VARIANTS; do
+  name=${v%%:*}; rest=${v#*:}; d=${rest%%:*}; cfg=${rest#*:}
+  vd="$B/var_$name"
+  mkdir -p "$vd/cuda/sm80"
+  sed -E "s/^( *)\{$d, +[0-9, ]*\}/\1$cfg/" src/cuda/sm80/bwd_config.cuh >"$vd/cuda/sm80/bwd_config.cuh"
+  for f in src/cuda/sm80/bwd_launch.cu src/cuda/sm80/bwd_hdim${d}_bf16.cu; do
+    nvcc $BASE -I"$vd" -Iinclude -Isrc -DFLASHATTN_HDIM_$d=1 -Xptxas -v -c "$f" -o "$vd/$(basename "$f").o" \
+      >"$vd/$(basename "$f").log" 2>&1 &
+    throttle
+  done
 done
 wait
 nvcc -arch=sm_$ARCH "${objs[@]}" -Xcompiler -fopenmp -o "$B/bwd_dev" 2>&1 | tee "$OUT/link.txt"
+for v in $VARIANTS; do
+  name=${v%%:*}
+  nvcc -arch=sm_$ARCH "$B/bwd_dev.cu.o" "$B/reference.cpp.o" "$B/var_$name"/*.o -Xcompiler -fopenmp \
+    -o "$B/bwd_dev_$name" 2>&1 | tee -a "$OUT/link.txt"
+done
 echo "build: $(( $(date +%s) - t0 )) s" | tee "$OUT/build.txt"
-grep -h -E "error" "$B"/*.log | head -20 | tee -a "$OUT/build.txt"
+grep -h -E "error" "$B"/*.log "$B"/var_*/*.log | head -20 | tee -a "$OUT/build.txt"
 # ptxas: registers and spills of every main kernel
-for f in "$B"/bwd_hdim*.log; do
-  echo "$(basename "$f" .cu.log): $(grep -A2 'bwd_main_kernel' "$f" | grep -E 'spill|registers' | tr -s ' ' | tr '\n' ' ')"
+for f in "$B"/bwd_hdim*.log "$B"/var_*/bwd_hdim*.log; do
+  echo "$f: $(grep -A2 'bwd_main_kernel' "$f" | grep -E 'spill|registers' | tr -s ' ' | tr '\n' ' ')"
 done | tee "$OUT/ptxas.txt"
 [ -x "$B/bwd_dev" ] || exit 1
 
 if [ "$MODE" = all ] || [ "$MODE" = check ]; then
-  "$B/bwd_dev" check 2>&1 | tee "$OUT/check.txt"
+  timeout 150 "$B/bwd_dev" check 2>&1 | tee "$OUT/check.txt"
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
   "$B/bwd_dev" bench 2>&1 | tee "$OUT/bench.txt"
+  for v in $VARIANTS; do
+    name=${v%%:*}; rest=${v#*:}; d=${rest%%:*}; cfg=${rest#*:}
+    echo "variant $name: $cfg" | tee -a "$OUT/variants.txt"
+    [ -x "$B/bwd_dev_$name" ] && BWD_BENCH_HDIM=$d "$B/bwd_dev_$name" bench 2>&1 | tail -n 4 | tee -a "$OUT/variants.txt"
+  done
   "$B/bwd_dev" bench-det 2>&1 | tee "$OUT/bench_det.txt"
-  timeout 120 python3 dev/sm80bwd/torch_bwd.py 2>&1 | tee "$OUT/torch.txt"
+  if [ "${TORCH:-0}" = 1 ]; then timeout 120 python3 dev/sm80bwd/torch_bwd.py 2>&1 | tee "$OUT/torch.txt"; fi
 fi

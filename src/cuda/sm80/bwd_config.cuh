@@ -21,6 +21,8 @@ struct BwdConfig {
   int warps;
   int stages;    // q / dO / lse / D tiles in shared memory: 2 = tile i+1 loads while tile i computes
   int split_d;   // CTAs per k-block, each owning head_dim / split_d columns of dK, dV, dQ
+  int chunk_m;   // query columns of S^T, dP^T held in registers at once (block_m is done in chunks)
+  int ctas_per_sm;  // __launch_bounds__ minimum: 1 lets a thread use 255 registers
 };
 
 // K, V tiles (resident), `stages` Q and dO tiles, dS^T (block_n x block_m), `stages` lse and D rows.
@@ -30,27 +32,27 @@ constexpr int bwd_smem_bytes(const BwdConfig& c) {
 }
 
 // fp32 accumulator registers per thread: dK and dV (16 rows x head_dim / split_d each), S^T and dP^T
-// (16 x block_m each).
+// (16 x chunk_m each).
 constexpr int bwd_accumulator_regs(const BwdConfig& c) {
-  return (2 * 16 * c.head_dim / c.split_d + 2 * 16 * c.block_m) / 32;
+  return (2 * 16 * c.head_dim / c.split_d + 2 * 16 * c.chunk_m) / 32;
 }
 
 constexpr int kBwdMaxSmemSm80 = 163 * 1024;  // A100's per-CTA limit (H100: 227 KB)
 
 // clang-format off
 constexpr BwdConfig kBwdConfigs[] = {
-    {32,  64, 128, 8, 2, 1},  // 49 KB, 96 accumulators: 4 CTAs per H100 SM
-    {64,  64, 128, 8, 2, 1},  // 81 KB, 128 accumulators: 2 CTAs per SM
-    {96,  64, 128, 8, 2, 1},  // 113 KB, 160 accumulators
-    {128, 64, 128, 8, 2, 1},  // 145 KB, 192 accumulators: the FA2 shape (64 x 128, 8 warps), 1 CTA per SM
-    {192, 64, 64,  4, 2, 2},  // 153 KB, 160 accumulators: d split in 2 so dK, dV (96 columns) fit registers
-    {256, 32, 64,  4, 2, 2},  // 133 KB, 160 accumulators: block_m 32 keeps 2 stages of 256-wide q, dO on the A100
+    {32,  64, 128, 8, 2, 1, 64, 1},  // 49 KB, 96 accumulators: small enough for S^T, dP^T of the whole q-block
+    {64,  64, 128, 8, 2, 1, 32, 1},  // 81 KB, 96 accumulators: chunks of 32 leave registers to prefetch fragments
+    {96,  64, 128, 8, 2, 1, 32, 1},  // 113 KB, 128 accumulators
+    {128, 64, 128, 8, 2, 1, 32, 1},  // 145 KB, 160 accumulators: the FA2 shape (64 x 128, 8 warps), 1 CTA per SM
+    {192, 64, 64,  4, 2, 2, 32, 1},  // 153 KB, 128 accumulators: d split in 2 so dK, dV (96 columns) fit registers
+    {256, 32, 64,  4, 2, 2, 32, 1},  // 133 KB, 160 accumulators: block_m 32 keeps 2 stages of 256-wide q, dO on the A100
 };
 // clang-format on
 constexpr int kBwdHeadDims = sizeof(kBwdConfigs) / sizeof(kBwdConfigs[0]);
 
 constexpr bool bwd_config_ok(const BwdConfig& c) {
-  return c.block_n == 16 * c.warps && c.block_m % 16 == 0 && c.warps % (c.block_m / 16) == 0 &&
+  return c.block_n == 16 * c.warps && c.block_m % 16 == 0 && c.chunk_m % 16 == 0 && c.block_m % c.chunk_m == 0 && c.warps % (c.block_m / 16) == 0 &&
          c.head_dim % (16 * c.split_d) == 0 && (c.head_dim / c.split_d) % (16 * (c.warps / (c.block_m / 16))) == 0 &&
          c.stages == 2 && 32 * c.warps >= 2 * c.block_m && bwd_smem_bytes(c) <= kBwdMaxSmemSm80 &&
          bwd_accumulator_regs(c) <= 192;
@@ -69,7 +71,7 @@ constexpr int bwd_kernel_head_dim(int head_dim) {
 constexpr BwdConfig bwd_config(int kernel_head_dim) {
   for (const BwdConfig& c : kBwdConfigs)
     if (c.head_dim == kernel_head_dim) return c;
-  return {0, 0, 0, 0, 0, 0};
+  return {0, 0, 0, 0, 0, 0, 0, 0};
 }
 
 // What the three backward kernels read. Strides are in elements, 64-bit.

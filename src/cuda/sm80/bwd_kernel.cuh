@@ -230,6 +230,7 @@ struct BwdTraits {
   static constexpr BwdConfig kConfig = bwd_config(kHeadDim);
   static_assert(kConfig.head_dim == kHeadDim, "no backward config for this head_dim");
   static constexpr int kBlockM = kConfig.block_m, kBlockN = kConfig.block_n, kWarps = kConfig.warps;
+  static constexpr int kChunkM = kConfig.chunk_m;
   static constexpr int kThreads = 32 * kWarps, kSplitD = kConfig.split_d, kDimPart = kHeadDim / kSplitD;
   // dQ_i (block_m x kDimPart) per iteration: warps tile it kDqWarpsM x kDqWarpsN, 16 x kDqCols each.
   static constexpr int kDqWarpsM = kBlockM / 16, kDqWarpsN = kWarps / kDqWarpsM, kDqCols = kDimPart / kDqWarpsN;
@@ -241,13 +242,14 @@ struct BwdTraits {
 };
 
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T, kHeadDim>::kConfig.ctas_per_sm) bwd_main_kernel(const BwdParams p) {
   using Tr = BwdTraits<T, kHeadDim>;
   using TileKV = typename Tr::TileKV;
   using TileQ = typename Tr::TileQ;
   using TileDs = typename Tr::TileDs;
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kThreads = Tr::kThreads, kDimPart = Tr::kDimPart;
-  constexpr int kMTiles = kBlockM / 8;    // n8 tiles of S^T's q columns
+  constexpr int kChunkM = Tr::kChunkM;
+  constexpr int kMTiles = kChunkM / 8;    // n8 tiles of a chunk of S^T's q columns
   constexpr int kDTiles = kDimPart / 8;   // n8 tiles of a warp's dK, dV columns
   constexpr int kDqTiles = Tr::kDqCols / 8;
 
@@ -342,36 +344,11 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_
     const int h = head_kv * p.group + it / m_range, m_block = i_begin + it % m_range, m0 = m_block * kBlockM;
     const uint32_t q_s = sQ_addr + buf * TileQ::kBytes, do_s = sDo_addr + buf * TileQ::kBytes;
 
-    // S^T = K_w Q^T and dP^T = V_w dO^T: (16 keys x block_m queries) per warp.
-    float s[kMTiles][4], dp[kMTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kMTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t a_k[4], a_v[4];
-      ldsm_x4(a_k, sK_addr + cur_kv_a.at(0, kk * 16));
-      ldsm_x4(a_v, sV_addr + cur_kv_a.at(0, kk * 16));
-#pragma unroll
-      for (int np = 0; np < kBlockM / 16; ++np) {
-        uint32_t b_q[4], b_do[4];
-        ldsm_x4(b_q, q_s + cur_q_b.at(np * 16, kk * 16));
-        ldsm_x4(b_do, do_s + cur_q_b.at(np * 16, kk * 16));
-        mma_16816<T>(s[2 * np], a_k, b_q[0], b_q[1]);
-        mma_16816<T>(s[2 * np + 1], a_k, b_q[2], b_q[3]);
-        mma_16816<T>(dp[2 * np], a_v, b_do[0], b_do[1]);
-        mma_16816<T>(dp[2 * np + 1], a_v, b_do[2], b_do[3]);
-      }
-    }
-
-    // P^T and dS^T in place of S^T and dP^T. Element (nt, e): key row warp_row + g + 8 (e / 2),
-    // query column nt * 8 + 2t + e % 2.
+    // Boundary blocks: the element mask in block coordinates (key row r, query column c), 32-bit:
+    // visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (the band of Mask, clamped).
     const int mlast = min(m0 + kBlockM, seqlen_q) - 1;
     const bool need_mask = !(mask.key_begin(mlast) <= n0 && mask.key_end(m0) >= n1 && m0 + kBlockM <= seqlen_q &&
                              n1 <= seqlen_k);
-    // Element mask of a boundary block in block coordinates (key row r, query column c), 32-bit:
-    // visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (the band of Mask, clamped).
     int band_lo = -(1 << 30), band_hi = 1 << 30;
     if (need_mask) {
       const int64_t diag = int64_t(seqlen_k) - seqlen_q - (n0 - m0);  // key row - query column on the diagonal
@@ -381,53 +358,86 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, 1) bwd_main_
     const int rows_k = seqlen_k - n0, cols_q = seqlen_q - m0;
     const float* lse_s = sLse + buf * kBlockM;
     const float* dsum_s = sD + buf * kBlockM;
+
+    // The q-block in chunks of chunk_m query columns: S^T and dP^T of a chunk are all the
+    // per-iteration registers (dV, dK sum over the chunks; dS^T collects the whole block).
 #pragma unroll
-    for (int nt = 0; nt < kMTiles; ++nt) {
+    for (int c0 = 0; c0 < kBlockM; c0 += kChunkM) {
+      // S^T = K_w Q^T and dP^T = V_w dO^T: (16 keys x chunk_m queries) per warp.
+      float s[kMTiles][4], dp[kMTiles][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = nt * 8 + 2 * t + (e & 1), row = warp_row + g + 8 * (e >> 1);
-        const float lse_log2 = lse_s[col] * kLog2e;
-        float pv, ds;
-        if (p.softcap > 0.f) {
-          const float th = tanhf(s[nt][e] * p.softcap_inv);
-          pv = exp2_fast(p.softcap * kLog2e * th - lse_log2);
-          ds = pv * (dp[nt][e] - dsum_s[col]) * (1.f - th * th);
-        } else {
-          pv = exp2_fast(s[nt][e] * p.scale_log2 - lse_log2);
-          ds = pv * (dp[nt][e] - dsum_s[col]);
+      for (int nt = 0; nt < kMTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        uint32_t a_k[4], a_v[4];
+        ldsm_x4(a_k, sK_addr + cur_kv_a.at(0, kk * 16));
+        ldsm_x4(a_v, sV_addr + cur_kv_a.at(0, kk * 16));
+#pragma unroll
+        for (int np = 0; np < kChunkM / 16; ++np) {
+          uint32_t b_q[4], b_do[4];
+          ldsm_x4(b_q, q_s + cur_q_b.at(c0 + np * 16, kk * 16));
+          ldsm_x4(b_do, do_s + cur_q_b.at(c0 + np * 16, kk * 16));
+          mma_16816<T>(s[2 * np], a_k, b_q[0], b_q[1]);
+          mma_16816<T>(s[2 * np + 1], a_k, b_q[2], b_q[3]);
+          mma_16816<T>(dp[2 * np], a_v, b_do[0], b_do[1]);
+          mma_16816<T>(dp[2 * np + 1], a_v, b_do[2], b_do[3]);
         }
-        if (need_mask && !(row - col >= band_lo && row - col <= band_hi && row < rows_k && col < cols_q)) pv = ds = 0.f;
-        s[nt][e] = pv;
-        dp[nt][e] = ds;
       }
-    }
 
-    // dS^T to shared memory for dQ (the same rounded values dK uses).
+      // P^T and dS^T in place of S^T and dP^T. Element (nt, e): key row warp_row + g + 8 (e / 2),
+      // query column c0 + nt * 8 + 2t + e % 2.
 #pragma unroll
-    for (int nt = 0; nt < kMTiles; ++nt) {
-      const int row = warp_row + g;
-      *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row, nt * 8) + 2 * t) = pack2<T>(dp[nt][0], dp[nt][1]);
-      *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row + 8, nt * 8) + 2 * t) = pack2<T>(dp[nt][2], dp[nt][3]);
-    }
+      for (int nt = 0; nt < kMTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = c0 + nt * 8 + 2 * t + (e & 1), row = warp_row + g + 8 * (e >> 1);
+          const float lse_log2 = lse_s[col] * kLog2e;
+          float pv, ds;
+          if (p.softcap > 0.f) {
+            const float th = tanhf(s[nt][e] * p.softcap_inv);
+            pv = exp2_fast(p.softcap * kLog2e * th - lse_log2);
+            ds = pv * (dp[nt][e] - dsum_s[col]) * (1.f - th * th);
+          } else {
+            pv = exp2_fast(s[nt][e] * p.scale_log2 - lse_log2);
+            ds = pv * (dp[nt][e] - dsum_s[col]);
+          }
+          if (need_mask && !(row - col >= band_lo && row - col <= band_hi && row < rows_k && col < cols_q))
+            pv = ds = 0.f;
+          s[nt][e] = pv;
+          dp[nt][e] = ds;
+        }
+      }
 
-    // dV += P^T dO_i and dK += dS^T Q_i: A from the registers above, B = dO_i / Q_i [q][d] (.trans).
+      // dS^T to shared memory for dQ (the same rounded values dK uses).
 #pragma unroll
-    for (int ks = 0; ks < kBlockM / 16; ++ks) {
-      const uint32_t a_p[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]), pack2<T>(s[2 * ks][2], s[2 * ks][3]),
-                               pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                               pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-      const uint32_t a_ds[4] = {pack2<T>(dp[2 * ks][0], dp[2 * ks][1]), pack2<T>(dp[2 * ks][2], dp[2 * ks][3]),
-                                pack2<T>(dp[2 * ks + 1][0], dp[2 * ks + 1][1]),
-                                pack2<T>(dp[2 * ks + 1][2], dp[2 * ks + 1][3])};
+      for (int nt = 0; nt < kMTiles; ++nt) {
+        const int row = warp_row + g;
+        *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row, c0 + nt * 8) + 2 * t) = pack2<T>(dp[nt][0], dp[nt][1]);
+        *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row + 8, c0 + nt * 8) + 2 * t) =
+            pack2<T>(dp[nt][2], dp[nt][3]);
+      }
+
+      // dV += P^T dO_i and dK += dS^T Q_i: A from the registers above, B = dO_i / Q_i [q][d] (.trans).
 #pragma unroll
-      for (int np = 0; np < kDimPart / 16; ++np) {
-        uint32_t b_do[4], b_q[4];
-        ldsm_x4_trans(b_do, do_s + cur_q_bt.at(ks * 16, d0 + np * 16));
-        ldsm_x4_trans(b_q, q_s + cur_q_bt.at(ks * 16, d0 + np * 16));
-        mma_16816<T>(acc_dv[2 * np], a_p, b_do[0], b_do[1]);
-        mma_16816<T>(acc_dv[2 * np + 1], a_p, b_do[2], b_do[3]);
-        mma_16816<T>(acc_dk[2 * np], a_ds, b_q[0], b_q[1]);
-        mma_16816<T>(acc_dk[2 * np + 1], a_ds, b_q[2], b_q[3]);
+      for (int ks = 0; ks < kChunkM / 16; ++ks) {
+        const uint32_t a_p[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]), pack2<T>(s[2 * ks][2], s[2 * ks][3]),
+                                 pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                 pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+        const uint32_t a_ds[4] = {pack2<T>(dp[2 * ks][0], dp[2 * ks][1]), pack2<T>(dp[2 * ks][2], dp[2 * ks][3]),
+                                  pack2<T>(dp[2 * ks + 1][0], dp[2 * ks + 1][1]),
+                                  pack2<T>(dp[2 * ks + 1][2], dp[2 * ks + 1][3])};
+#pragma unroll
+        for (int np = 0; np < kDimPart / 16; ++np) {
+          uint32_t b_do[4], b_q[4];
+          ldsm_x4_trans(b_do, do_s + cur_q_bt.at(c0 + ks * 16, d0 + np * 16));
+          ldsm_x4_trans(b_q, q_s + cur_q_bt.at(c0 + ks * 16, d0 + np * 16));
+          mma_16816<T>(acc_dv[2 * np], a_p, b_do[0], b_do[1]);
+          mma_16816<T>(acc_dv[2 * np + 1], a_p, b_do[2], b_do[3]);
+          mma_16816<T>(acc_dk[2 * np], a_ds, b_q[0], b_q[1]);
+          mma_16816<T>(acc_dk[2 * np + 1], a_ds, b_q[2], b_q[3]);
+        }
       }
     }
     __syncthreads();  // dS^T complete
