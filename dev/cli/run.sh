@@ -19,6 +19,12 @@ if has check; then
     dev/cli/standard_check.cu src/cuda/standard.cu src/cpu/reference.cpp -lcublas -o "$OUT/standard_check" >"$OUT/check_build.log" 2>&1
   log "standard_check run (rc of build $?)"
   timeout 60 "$OUT/standard_check" 2>&1 | tee "$OUT/check.log"
+  if command -v compute-sanitizer >/dev/null; then
+    log "standard_check --small under compute-sanitizer memcheck"
+    timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 "$OUT/standard_check" --small >"$OUT/memcheck.log" 2>&1
+    log "memcheck rc=$?"
+    tail -n 3 "$OUT/memcheck.log"
+  fi
   rm -f "$OUT/standard_check"
 fi
 
