@@ -1,0 +1,98 @@
+// The sm80 (mma.sync) backward against the fp64 reference gradient with the anchor rule (3x): the
+// standard awkward-shape list in fp16 and bf16, plus shapes specific to this kernel (many k-blocks
+// per q-block so dQ really sums over CTAs, GQA groups looped inside one CTA, d split over two CTAs
+// at head_dim 192 / 256, padded head dims, the element-wise load path); and the deterministic flag
+// checked bit-for-bit. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include "support/harness.hpp"
+
+namespace {
+
+using fa_test::Case;
+
+Case make(fa_dtype dt, int batch, int sq, int sk, int h, int hk, int d) {
+  Case c;
+  c.dtype = dt, c.batch = batch, c.seqlen_q = sq, c.seqlen_k = sk, c.num_heads = h, c.num_heads_kv = hk, c.head_dim = d;
+  return c;
+}
+
+std::vector<Case> sm80_backward_cases() {
+  std::vector<Case> out;
+  for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
+    for (const Case& c : fa_test::standard_backward_cases(dt, 256)) out.push_back(c);
+    // Several k-blocks (128 keys each at head_dim <= 128, 64 above) and q-blocks (64 rows).
+    for (int d : {32, 64, 96, 128, 192, 256}) {
+      Case c = make(dt, 1, 200, 333, 4, 2, d);
+      out.push_back(c);
+      c.causal = true;
+      out.push_back(c);
+    }
+    Case c = make(dt, 2, 300, 77, 4, 4, 128);  // causal with seqlen_q > seqlen_k: fully masked rows
+    c.causal = true;
+    out.push_back(c);
+    c = make(dt, 1, 260, 260, 8, 1, 64);  // MQA: one CTA sums dK, dV over 8 query heads
+    c.window_left = 70, c.window_right = 0;
+    out.push_back(c);
+    c = make(dt, 1, 1, 1, 2, 2, 128);  // one key: dS = 0 exactly, dq, dk are rounding noise of D
+    out.push_back(c);
+    c = make(dt, 1, 40, 0, 2, 2, 64);  // no keys: dq = 0
+    out.push_back(c);
+    for (int d : {16, 80, 136, 200}) {  // padded to the next kernel head_dim
+      c = make(dt, 1, 150, 170, 2, 1, d);
+      c.causal = d == 80;
+      out.push_back(c);
+    }
+    c = make(dt, 1, 130, 140, 2, 2, 64);  // strides not a multiple of 8: element-wise loads and stores
+    c.row_padding = 3;
+    out.push_back(c);
+    c.softcap = 20.f, c.row_padding = 0, c.seqlens_q = {0, 130, 64, 1}, c.seqlens_k = {9, 0, 300, 200};
+    c.batch = 4, c.seqlen_q = 130, c.seqlen_k = 300;  // varlen: the longest sequences
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Deterministic mode: dQ sums over many k-blocks in a fixed order.
+std::vector<Case> sm80_deterministic_cases() {
+  std::vector<Case> out;
+  for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
+    for (int d : {64, 128, 256}) {
+      Case c = make(dt, 2, 256, 1000, 4, 2, d);
+      c.deterministic = true;
+      out.push_back(c);
+      c.causal = true;
+      out.push_back(c);
+    }
+    Case c = make(dt, 1, 1, 1, 4, 1, 64);
+    c.deterministic = true, c.causal = true, c.window_left = 100;
+    c.seqlens_q = {700, 0, 300}, c.seqlens_k = {900, 50, 290};
+    c.batch = 3, c.seqlen_q = 700, c.seqlen_k = 900;
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::string param_name(const testing::TestParamInfo<Case>& info) { return fa_test::test_name(info.param.name()); }
+
+class Sm80Backward : public testing::TestWithParam<Case> {};
+
+TEST_P(Sm80Backward, MatchesReference) {
+  FA_SKIP_WITHOUT_CUDA();
+  EXPECT_TRUE(fa_test::check_backward(GetParam(), FA_IMPL_CUDA_SM80, fa_test::Space::Cuda));
+}
+
+INSTANTIATE_TEST_SUITE_P(Standard, Sm80Backward, testing::ValuesIn(sm80_backward_cases()), param_name);
+
+class Sm80BackwardDeterministic : public testing::TestWithParam<Case> {};
+
+TEST_P(Sm80BackwardDeterministic, BitIdenticalAndCorrect) {
+  FA_SKIP_WITHOUT_CUDA();
+  EXPECT_TRUE(fa_test::check_backward_deterministic(GetParam(), FA_IMPL_CUDA_SM80, fa_test::Space::Cuda));
+  EXPECT_TRUE(fa_test::check_backward(GetParam(), FA_IMPL_CUDA_SM80, fa_test::Space::Cuda));
+}
+
+INSTANTIATE_TEST_SUITE_P(Standard, Sm80BackwardDeterministic, testing::ValuesIn(sm80_deterministic_cases()),
+                         param_name);
+
+}  // namespace
