@@ -1,7 +1,7 @@
 // CPU benchmark of the FA2 kernels against the machine's fp32 FMA peak and the fp64 reference.
 //
 //   cpu_bench [--threads T] [--seqlen N] [--heads H] [--head-dim D] [--reps R]
-//             [--no-reference] [--no-memory] [--memory-seqlen N] [--json FILE]
+//             [--no-reference] [--no-memory] [--memory-seqlen N] [--cache-bytes M] [--json FILE]
 //
 // 1. Peak: the clock from a chain of dependent FMAs (each waits for the previous one: the time
 //    per FMA is its latency, 4 cycles on AMD Zen 2/3/4 and Intel Skylake and later), and the
@@ -181,6 +181,7 @@ std::string cpu_model() {
 
 int main(int argc, char** argv) {
   int threads = 0, seqlen = 2048, heads = 16, head_dim = 64, reps = 5, memory_seqlen = 8192;
+  long long cache_bytes = 0;  // the params' cpu_cache_bytes (0: the L2 size)
   bool reference = true, memory = true;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
@@ -198,12 +199,14 @@ int main(int argc, char** argv) {
     else if (a == "--head-dim") head_dim = std::atoi(next());
     else if (a == "--reps") reps = std::max(1, std::atoi(next()));
     else if (a == "--memory-seqlen") memory_seqlen = std::atoi(next());
+    else if (a == "--cache-bytes") cache_bytes = std::atoll(next());
     else if (a == "--no-reference") reference = false;
     else if (a == "--no-memory") memory = false;
     else if (a == "--json") json_path = next();
     else {
       std::fprintf(stderr, "usage: cpu_bench [--threads T] [--seqlen N] [--heads H] [--head-dim D] [--reps R]\n"
-                           "                 [--no-reference] [--no-memory] [--memory-seqlen N] [--json FILE]\n");
+                           "                 [--no-reference] [--no-memory] [--memory-seqlen N] [--cache-bytes M]\n"
+                           "                 [--json FILE]\n");
       return 2;
     }
   }
@@ -215,10 +218,12 @@ int main(int argc, char** argv) {
   std::printf("cpu: %s, %d threads, %d-lane fp32 vectors\n", cpu_model().c_str(), threads, kLanes);
   std::printf("clock %.2f GHz (dependent-FMA latency, 4 cycles); peak 2 pipes x %d lanes x 2 x %.2f GHz x %d = %.1f GFLOP/s;"
               " measured FMA throughput %.1f GFLOP/s\n", ghz, kLanes, ghz, threads, peak, fma_gflops);
-  std::printf("problem: fp32, batch 1, heads %d, seqlen %d, head_dim %d\n\n", heads, seqlen, head_dim);
+  std::printf("problem: fp32, batch 1, heads %d, seqlen %d, head_dim %d; cache budget M %lld bytes (0: L2)\n\n", heads,
+              seqlen, head_dim, cache_bytes);
   std::printf("%-26s %12s %12s %12s %9s\n", "impl", "median ms", "best ms", "GFLOP/s", "% peak");
 
   Problem pr(seqlen, heads, head_dim, threads);
+  pr.p.cpu_cache_bytes = cache_bytes;
   struct Row {
     std::string name;
     double flops;
@@ -266,7 +271,8 @@ int main(int argc, char** argv) {
     f << "{\n  \"cpu\": \"" << cpu_model() << "\",\n  \"threads\": " << threads << ",\n  \"lanes\": " << kLanes
       << ",\n  \"clock_ghz\": " << ghz << ",\n  \"peak_gflops\": " << peak << ",\n  \"fma_measured_gflops\": "
       << fma_gflops << ",\n  \"problem\": {\"dtype\": \"fp32\", \"batch\": 1, \"heads\": " << heads
-      << ", \"seqlen\": " << seqlen << ", \"head_dim\": " << head_dim << "},\n  \"results\": [\n";
+      << ", \"seqlen\": " << seqlen << ", \"head_dim\": " << head_dim << ", \"cpu_cache_bytes\": " << cache_bytes
+      << "},\n  \"results\": [\n";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       f << "    {\"impl\": \"" << r.name << "\", \"median_ms\": " << r.t.median_s * 1e3 << ", \"best_ms\": "

@@ -30,6 +30,15 @@ for t in 2 16; do
   OMP_NUM_THREADS=$t timeout 60 build-cpu-xeon/bench/cpu_bench --threads "$t" --no-reference --no-memory --reps 7 \
     --json "$OUT/cpu_bench_t$t.json" 2>&1 | tee "$OUT/cpu_bench_t$t.log"
 done
+# Sensitivity to the cache budget M (FA2 gives the rule's tiles M / 2): 1 MiB and 4 MiB beside the L2 default.
+for t in 2 16; do
+  for m in 1048576 4194304; do
+    log "cpu_bench threads $t cache-bytes $m"
+    OMP_NUM_THREADS=$t timeout 60 build-cpu-xeon/bench/cpu_bench --threads "$t" --cache-bytes "$m" --no-reference \
+      --no-memory --reps 7 --json "$OUT/cpu_bench_t${t}_m$m.json" >"$OUT/cpu_bench_t${t}_m$m.log" 2>&1
+    grep -E "^fa2" "$OUT/cpu_bench_t${t}_m$m.log"
+  done
+done
 log "torch sdpa"
 timeout 60 python3 bench/torch_cpu.py --threads 2 16 --json "$OUT/torch_cpu.json" 2>&1 | tee "$OUT/torch_cpu.log"
 log "done"

@@ -193,11 +193,12 @@ Status fa2_backward(const fa_params& p) {
   Config c;
   c.head_dim = p.head_dim;
   c.d_pad = int(round_up(p.head_dim, kLanes));
-  // The backward keeps twice the tiles of the forward on chip (K, V, dK, dV, S, dP beside Q, dO),
-  // so its key blocks are half the rule's B_c.
-  const BlockSizes bs = block_sizes(p.cpu_cache_bytes > 0 ? p.cpu_cache_bytes : l2_cache_bytes(), p.head_dim);
+  // As in the forward, the rule's tiles get half of M; the other half holds the score tiles
+  // (S / P and dP / dS, block_n x block_m fp32 each).
+  const int64_t budget = p.cpu_cache_bytes > 0 ? p.cpu_cache_bytes : l2_cache_bytes();
+  const BlockSizes bs = block_sizes(budget / 2, p.head_dim);
   c.block_m = bs.block_r;
-  c.block_n = std::max(1, bs.block_c / 2);
+  c.block_n = bs.block_c;
   c.m_pad = int(round_up(c.block_m, kLanes));
   c.num_m_blocks = (p.seqlen_q + c.block_m - 1) / c.block_m;
   c.num_n_blocks = (p.seqlen_k + c.block_n - 1) / c.block_n;
@@ -208,7 +209,7 @@ Status fa2_backward(const fa_params& p) {
 
   const int64_t total_q = is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q;
   const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
-  Buffer dq_acc(total_q * p.num_heads * c.d_pad), delta(total_q * p.num_heads);
+  Buffer dq_acc(total_q * p.num_heads * c.d_pad, false), delta(total_q * p.num_heads, false);
   const int64_t num_locks = int64_t(p.batch) * p.num_heads * std::max(c.num_m_blocks, 1);
   std::unique_ptr<std::mutex[]> locks(new std::mutex[size_t(num_locks)]);
   Shared sh{dq_acc.get(), delta.get(), locks.get()};
@@ -219,6 +220,10 @@ Status fa2_backward(const fa_params& p) {
   const int64_t num_tasks = int64_t(p.batch) * p.num_heads_kv * n_split;
 #pragma omp parallel num_threads(threads)
   {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < total_q; ++r)
+      std::fill(dq_acc.get() + r * p.num_heads * c.d_pad, dq_acc.get() + (r + 1) * p.num_heads * c.d_pad, 0.f);
+
     // D = rowsum(dO o O) per (row, head).
     std::vector<float> o_row(size_t(c.d_pad)), do_row(size_t(c.d_pad));
 #pragma omp for collapse(2) schedule(static)

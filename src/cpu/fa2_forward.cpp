@@ -168,7 +168,10 @@ Status fa2_forward(const fa_params& p) {
   Config c;
   c.head_dim = p.head_dim;
   c.d_pad = int(round_up(p.head_dim, kLanes));
-  const BlockSizes bs = block_sizes(p.cpu_cache_bytes > 0 ? p.cpu_cache_bytes : l2_cache_bytes(), p.head_dim);
+  // The rule sizes the four tiles Q_i, K_j, V_j, O_i to fill M; on the CPU the score tile S_ij / P_ij
+  // (block_m x block_n fp32) lives in the same cache, so the tiles get half of it.
+  const int64_t budget = p.cpu_cache_bytes > 0 ? p.cpu_cache_bytes : l2_cache_bytes();
+  const BlockSizes bs = block_sizes(budget / 2, p.head_dim);
   c.block_m = bs.block_r;
   c.block_n = bs.block_c;
   c.m_pad = int(round_up(c.block_m, kLanes));
@@ -183,20 +186,23 @@ Status fa2_forward(const fa_params& p) {
   PackedKV kv;
   kv.rows = is_varlen(p) ? p.total_k : int64_t(p.batch) * p.seqlen_k;
   kv.d_pad = c.d_pad;
-  kv.k = Buffer(kv.rows * p.num_heads_kv * c.d_pad);
-  kv.v = Buffer(kv.rows * p.num_heads_kv * c.d_pad);
+  kv.k = Buffer(kv.rows * p.num_heads_kv * c.d_pad, false);
+  kv.v = Buffer(kv.rows * p.num_heads_kv * c.d_pad, false);
   const auto kr = k_ref(p), vr = v_ref(p);
 #pragma omp parallel num_threads(threads)
   {
-    // Pack K and V (padding columns stay zero from the allocation).
+    // Pack K and V, zero padding columns.
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < p.batch; ++b) {
       for (int h_kv = 0; h_kv < p.num_heads_kv; ++h_kv) {
         const Sequence seq = sequence(p, b);
         for (int j = 0; j < seq.seqlen_k; ++j) {
           const int64_t at = kv.index(p, seq, j, h_kv);
-          load_row_f32(p.k, row_offset(p, kr, seq, false, j, h_kv), c.head_dim, p.dtype, kv.k.get() + at);
-          load_row_f32(p.v, row_offset(p, vr, seq, false, j, h_kv), c.head_dim, p.dtype, kv.v.get() + at);
+          float *k_row = kv.k.get() + at, *v_row = kv.v.get() + at;
+          load_row_f32(p.k, row_offset(p, kr, seq, false, j, h_kv), c.head_dim, p.dtype, k_row);
+          load_row_f32(p.v, row_offset(p, vr, seq, false, j, h_kv), c.head_dim, p.dtype, v_row);
+          std::fill(k_row + c.head_dim, k_row + c.d_pad, 0.f);
+          std::fill(v_row + c.head_dim, v_row + c.d_pad, 0.f);
         }
       }
     }

@@ -187,18 +187,19 @@ inline void store_row_f32(void* dst, int64_t offset, int n, const float* in, fa_
   }
 }
 
-// Zero-initialized, 64-byte aligned fp32 scratch.
+// 64-byte aligned fp32 scratch, zero-initialized unless `zero` is false (large buffers that the
+// threads fill themselves: their pages are then first touched in parallel).
 struct Buffer {
   struct Free {
     void operator()(float* p) const { std::free(p); }
   };
   std::unique_ptr<float[], Free> ptr;
   Buffer() = default;
-  explicit Buffer(int64_t n) {
+  explicit Buffer(int64_t n, bool zero = true) {
     size_t bytes = size_t(round_up(std::max<int64_t>(n, 1) * int64_t(sizeof(float)), 64));
     ptr.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
     if (!ptr) throw std::bad_alloc();
-    std::memset(ptr.get(), 0, bytes);
+    if (zero) std::memset(ptr.get(), 0, bytes);
   }
   float* get() const { return ptr.get(); }
 };
