@@ -3,6 +3,8 @@
 // fp32, fp16 and bf16.
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include "support/harness.hpp"
 
 namespace {
@@ -12,6 +14,7 @@ using fa_test::Case;
 struct ForwardParam {
   fa_impl impl;
   Case c;
+  friend void PrintTo(const ForwardParam& p, std::ostream* os) { *os << fa_impl_name(p.impl) << " [" << p.c.name() << "]"; }
 };
 
 std::vector<ForwardParam> forward_params(fa_impl impl) {

@@ -69,6 +69,7 @@ Outputs plain_forward(const Problem& pr) {
   Outputs out;
   const int d = pr.c.head_dim;
   out.o.assign(pr.qf.size(), 0.f);
+  out.o_abs.assign(pr.qf.size(), 0.f);
   const int nbatch = pr.varlen ? int(pr.cu_q.size()) - 1 : pr.c.batch, nh = pr.c.num_heads;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int b = 0; b < nbatch; ++b)
@@ -79,11 +80,15 @@ Outputs plain_forward(const Problem& pr) {
       std::vector<float> acc(static_cast<size_t>(d));
       for (int64_t i = 0; i < sq; ++i) {
         std::fill(acc.begin(), acc.end(), 0.f);
+        float* o_abs = &out.o_abs[hd.qi(i)];
         for (int64_t j = 0; j < sk; ++j) {
           float pij = hd.p[size_t(i * sk + j)];
           if (pij == 0.f) continue;
           const float* v = &pr.vf[hd.ki(j)];
-          for (int c = 0; c < d; ++c) acc[size_t(c)] += pij * v[c];
+          for (int c = 0; c < d; ++c) {
+            acc[size_t(c)] += pij * v[c];
+            o_abs[c] += pij * std::fabs(v[c]);
+          }
         }
         for (int c = 0; c < d; ++c) out.o[hd.qi(i) + size_t(c)] = hd.r(acc[size_t(c)]);
       }
@@ -97,6 +102,9 @@ Outputs plain_backward(const Problem& pr) {
   out.dq.assign(pr.qf.size(), 0.f);
   out.dk.assign(pr.kf.size(), 0.f);
   out.dv.assign(pr.vf.size(), 0.f);
+  out.dq_abs.assign(pr.qf.size(), 0.f);
+  out.dk_abs.assign(pr.kf.size(), 0.f);
+  out.dv_abs.assign(pr.vf.size(), 0.f);
   const int nbatch = pr.varlen ? int(pr.cu_q.size()) - 1 : pr.c.batch, nhk = pr.c.num_heads_kv;
   const int group = pr.c.num_heads / nhk;
   const float cap = pr.c.softcap;
@@ -108,10 +116,12 @@ Outputs plain_backward(const Problem& pr) {
       // The group's dK, dV: each query head's contribution rounded, summed in fp32 (what the
       // backward of an expanded k / v does), rounded once more.
       std::vector<float> dk_sum(size_t(sk * d), 0.f), dv_sum(size_t(sk * d), 0.f);
+      std::vector<float> dk_abs(size_t(sk * d), 0.f), dv_abs(size_t(sk * d), 0.f);
       for (int h = hk * group; h < (hk + 1) * group; ++h) {
         Head hd(pr, b, h);
         hd.forward();
-        std::vector<float> ds(size_t(sq * sk), 0.f), acc(static_cast<size_t>(d));
+        // ds_abs: |dS| as its terms bound it, P (|dP| + |D|) |dcap| scale, for the *_abs sums.
+        std::vector<float> ds(size_t(sq * sk), 0.f), ds_abs(size_t(sq * sk), 0.f), acc(static_cast<size_t>(d));
         for (int64_t i = 0; i < sq; ++i) {
           const float* dout = &pr.dof[hd.qi(i)];
           // dP_ij = round(dO_i . V_j); D_i = sum_j P_ij dP_ij; dS_ij = round(P_ij (dP_ij - D_i))
@@ -129,22 +139,27 @@ Outputs plain_backward(const Problem& pr) {
           for (int64_t j = 0; j < sk; ++j) {
             float pij = hd.p[size_t(i * sk + j)];
             if (pij == 0.f) continue;
-            float x = hd.r(pij * (dp[size_t(j)] - D));
+            float x = hd.r(pij * (dp[size_t(j)] - D)), x_abs = pij * (std::fabs(dp[size_t(j)]) + std::fabs(D));
             if (cap > 0.f) {
               float th = hd.t[size_t(i * sk + j)];
               x = hd.r(x * (1.f - th * th));
+              x_abs *= 1.f - th * th;
             }
             ds[size_t(i * sk + j)] = hd.r(x * pr.scale);
+            ds_abs[size_t(i * sk + j)] = x_abs * pr.scale;
           }
         }
         // dQ_i = round(sum_j dS_ij K_j)
         for (int64_t i = 0; i < sq; ++i) {
           std::fill(acc.begin(), acc.end(), 0.f);
+          float* dq_abs = &out.dq_abs[hd.qi(i)];
           for (int64_t j = 0; j < sk; ++j) {
-            float x = ds[size_t(i * sk + j)];
-            if (x == 0.f) continue;
+            float x = ds[size_t(i * sk + j)], x_abs = ds_abs[size_t(i * sk + j)];
             const float* k = &pr.kf[hd.ki(j)];
-            for (int c = 0; c < d; ++c) acc[size_t(c)] += x * k[c];
+            if (x != 0.f)
+              for (int c = 0; c < d; ++c) acc[size_t(c)] += x * k[c];
+            if (x_abs != 0.f)
+              for (int c = 0; c < d; ++c) dq_abs[c] += x_abs * std::fabs(k[c]);
           }
           for (int c = 0; c < d; ++c) out.dq[hd.qi(i) + size_t(c)] = hd.r(acc[size_t(c)]);
         }
@@ -153,14 +168,21 @@ Outputs plain_backward(const Problem& pr) {
         for (int64_t j = 0; j < sk; ++j) {
           std::fill(acc.begin(), acc.end(), 0.f);
           std::fill(acc_v.begin(), acc_v.end(), 0.f);
+          float* dk_a = &dk_abs[size_t(j * d)];
+          float* dv_a = &dv_abs[size_t(j * d)];
           for (int64_t i = 0; i < sq; ++i) {
-            float x = ds[size_t(i * sk + j)], pij = hd.p[size_t(i * sk + j)];
+            float x = ds[size_t(i * sk + j)], x_abs = ds_abs[size_t(i * sk + j)], pij = hd.p[size_t(i * sk + j)];
             const float* q = &pr.qf[hd.qi(i)];
             const float* dout = &pr.dof[hd.qi(i)];
             if (x != 0.f)
               for (int c = 0; c < d; ++c) acc[size_t(c)] += x * q[c];
+            if (x_abs != 0.f)
+              for (int c = 0; c < d; ++c) dk_a[c] += x_abs * std::fabs(q[c]);
             if (pij != 0.f)
-              for (int c = 0; c < d; ++c) acc_v[size_t(c)] += pij * dout[c];
+              for (int c = 0; c < d; ++c) {
+                acc_v[size_t(c)] += pij * dout[c];
+                dv_a[c] += pij * std::fabs(dout[c]);
+              }
           }
           for (int c = 0; c < d; ++c) {
             dk_sum[size_t(j * d + c)] += hd.r(acc[size_t(c)]);
@@ -173,6 +195,8 @@ Outputs plain_backward(const Problem& pr) {
         for (int c = 0; c < d; ++c) {
           out.dk[base + size_t(c)] = flashattn::round_to(dk_sum[size_t(j * d + c)], pr.c.dtype);
           out.dv[base + size_t(c)] = flashattn::round_to(dv_sum[size_t(j * d + c)], pr.c.dtype);
+          out.dk_abs[base + size_t(c)] = dk_abs[size_t(j * d + c)];
+          out.dv_abs[base + size_t(c)] = dv_abs[size_t(j * d + c)];
         }
       }
     }

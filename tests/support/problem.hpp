@@ -72,6 +72,10 @@ uint64_t fresh_seed(const std::string& name);
 // Results as logical arrays (o, dq like q; dk, dv like k; lse (nb, heads, rows_q)).
 struct Outputs {
   std::vector<float> o, lse, dq, dk, dv;
+  std::vector<float> o_abs;  // plain_forward only: sum_j P_ij |v_jc| per element of o
+  // plain_backward only: per element, the sum of |terms| of the exact gradient (|dS| bounded by
+  // P (|dP| + |D|)), which scales the fp32 rounding any recomputing backward makes.
+  std::vector<float> dq_abs, dk_abs, dv_abs;
 };
 
 // The oracle: FA_IMPL_CPU_REFERENCE on fp32 copies of the rounded inputs.
@@ -90,9 +94,16 @@ Outputs plain_backward(const Problem& pr);
 // Returns "" on success, else the status and the library's message.
 std::string run_impl(Problem& pr, fa_impl impl, Space space, bool backward);
 
-// The error rule on logical arrays: "" when max|out - ref| <= factor * max|plain - ref| + atol, else
-// a message naming the tensor, the worst element, the error and the bound. NaN never passes.
+// The error rule on logical arrays: "" when max|out - ref| <= factor * max|plain - ref| + atol (plus,
+// when given, a per-element absolute floor), else a message naming the tensor, the worst element,
+// the error and the bound. NaN never passes.
 std::string compare(const char* what, const std::vector<float>& out, const std::vector<float>& ref,
-                    const std::vector<float>& plain, double factor, fa_dtype dtype, const HostTensor& layout);
+                    const std::vector<float>& plain, double factor, fa_dtype dtype, const HostTensor& layout,
+                    const std::vector<double>& floor = {});
+
+// lse (and o's fully masked rows) against the reference's: -inf and 0 exactly where the reference has
+// -inf, elsewhere within an fp32 error bound. "" when it passes.
+std::string check_lse(const Problem& pr, const std::vector<float>& lse, const std::vector<float>& ref_lse,
+                      const std::vector<float>& o);
 
 }  // namespace fa_test
