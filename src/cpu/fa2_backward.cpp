@@ -199,6 +199,14 @@ Status fa2_backward(const fa_params& p) {
   const BlockSizes bs = block_sizes(budget / 2, p.head_dim);
   c.block_m = bs.block_r;
   c.block_n = bs.block_c;
+  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+  // Load balance: at least ~4 tasks per thread (a causal mask makes the tasks unequal), taking
+  // smaller key blocks when batch * num_heads_kv alone gives too few (never below 64 keys).
+  const int64_t pairs = int64_t(p.batch) * p.num_heads_kv, want_blocks = (4 * int64_t(threads) + pairs - 1) / pairs;
+  if (want_blocks > 1 && !p.deterministic) {
+    const int64_t balanced = std::max<int64_t>((p.seqlen_k + want_blocks - 1) / want_blocks, 64);
+    c.block_n = int(std::min<int64_t>(c.block_n, balanced));
+  }
   c.m_pad = int(round_up(c.block_m, kLanes));
   c.num_m_blocks = (p.seqlen_q + c.block_m - 1) / c.block_m;
   c.num_n_blocks = (p.seqlen_k + c.block_n - 1) / c.block_n;
@@ -208,7 +216,6 @@ Status fa2_backward(const fa_params& p) {
   c.softcap = p.softcap;
 
   const int64_t total_q = is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q;
-  const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
   Buffer dq_acc(total_q * p.num_heads * c.d_pad, false), delta(total_q * p.num_heads, false);
   const int64_t num_locks = int64_t(p.batch) * p.num_heads * std::max(c.num_m_blocks, 1);
   std::unique_ptr<std::mutex[]> locks(new std::mutex[size_t(num_locks)]);
@@ -241,7 +248,7 @@ Status fa2_backward(const fa_params& p) {
     }
 
     Workspace w(c);
-    // Key blocks in reverse order: under a causal mask the first keys are seen by the most rows.
+    // Key block 0 of each head first: under a causal mask the first keys are seen by the most rows.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < num_tasks; ++t) {
       const int split = int(t % n_split);
