@@ -14,8 +14,8 @@ DIMS="32 64 96 128 192 256"
 BASE="-std=c++20 -O3 -arch=sm_$ARCH --expt-relaxed-constexpr -lineinfo"
 FLAGS="$BASE -Iinclude -Isrc"
 for d in $DIMS; do FLAGS="$FLAGS -DFLASHATTN_HDIM_$d=1"; done
-# name:head_dim:config entry (block_m, block_n, warps, stages, split_d, chunk_m, ctas_per_sm)
-VARIANTS=${VARIANTS:-"A128:128:{128, 64, 128, 8, 2, 1, 64, 1} C128:128:{128, 32, 128, 8, 2, 1, 32, 1} E128:128:{128, 64, 64, 4, 2, 1, 32, 2} A64:64:{64, 64, 128, 8, 2, 1, 64, 1} C64:64:{64, 64, 128, 8, 2, 1, 32, 2} D64:64:{64, 128, 128, 8, 2, 1, 32, 1} E64:64:{64, 64, 64, 4, 2, 1, 32, 2} F64:64:{64, 64, 64, 4, 2, 1, 32, 3}"}
+# name:head_dim:{head_dim,block_m,block_n,warps,stages,split_d,chunk_m,ctas_per_sm}, no spaces
+VARIANTS=${VARIANTS:-"A128:128:{128,64,128,8,2,1,64,1} C128:128:{128,32,128,8,2,1,32,1} E128:128:{128,64,64,4,2,1,32,2} A64:64:{64,64,128,8,2,1,64,1} C64:64:{64,64,128,8,2,1,32,2} D64:64:{64,128,128,8,2,1,32,1} E64:64:{64,64,64,4,2,1,32,2} F64:64:{64,64,64,4,2,1,32,3}"}
 
 throttle() { while [ "$(jobs -r | wc -l)" -ge 16 ]; do sleep 0.2; done; }
 t0=$(date +%s)
@@ -63,5 +63,11 @@ if [ "$MODE" = all ] || [ "$MODE" = bench ]; then
     [ -x "$B/bwd_dev_$name" ] && BWD_BENCH_HDIM=$d "$B/bwd_dev_$name" bench 2>&1 | tail -n 4 | tee -a "$OUT/variants.txt"
   done
   "$B/bwd_dev" bench-det 2>&1 | tee "$OUT/bench_det.txt"
+  # Stall reasons of one main-kernel launch (head_dim 128, seqlen 4k, non-causal).
+  if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
+    BWD_BENCH_HDIM=128 timeout 150 ncu --clock-control none -k regex:bwd_main -s 3 -c 1 --section WarpStateStats \
+      --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section Occupancy --section LaunchStats "$B/bwd_dev" bench >"$OUT/ncu.txt" 2>&1
+  fi
   if [ "${TORCH:-0}" = 1 ]; then timeout 120 python3 dev/sm80bwd/torch_bwd.py 2>&1 | tee "$OUT/torch.txt"; fi
 fi
