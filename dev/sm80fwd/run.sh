@@ -13,8 +13,8 @@ mkdir -p "$OUT" "$BUILD"
 
 # Candidate configs {head_dim, block_m, block_n, warps, stages}, timed beside the table's.
 CANDIDATES=(
-  "128,128,64,8,2" "128,128,32,4,2" "128,64,64,4,2" "128,128,64,4,1" "128,128,128,8,2"
-  "64,128,128,4,2" "64,128,64,8,2" "64,128,128,8,2" "64,64,64,4,2"
+  "128,128,128,8,2" "128,128,48,4,2" "128,128,32,4,2"
+  "64,128,64,4,2" "64,128,96,4,2"
 )
 
 NVCC=(nvcc -std=c++20 -O3 --expt-relaxed-constexpr -diag-suppress 20012 -lineinfo -Xptxas=-v,-warn-spills

@@ -31,8 +31,9 @@ int sm_count() {
 
 int64_t num_rows(const fa_params& p) { return is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q; }
 
-// Split-KV when the (q-block, head, batch) grid leaves SMs idle and the keys are long: enough
-// splits to give every SM a CTA, at least 2 key blocks each.
+// Split-KV when the (q-block, head, batch) grid leaves SMs idle and the keys are long: about 8
+// CTAs per SM (a CTA of a short q-block is latency-bound, so several waves of them overlap), at
+// least 2 key blocks per split.
 int num_splits(const fa_params& p, const FwdConfig& c) {
   const int n_blocks = (p.seqlen_k + c.block_n - 1) / c.block_n;
   const int max_splits = std::min({kMaxSplits, std::max(n_blocks, 1), 65535 / std::max(p.batch, 1)});
@@ -40,7 +41,7 @@ int num_splits(const fa_params& p, const FwdConfig& c) {
   const int64_t ctas = int64_t(p.batch) * p.num_heads * ((p.seqlen_q + c.block_m - 1) / c.block_m);
   const int sms = sm_count();
   if (ctas == 0 || ctas >= int64_t(0.8 * sms)) return 1;
-  const int want = int((sms + ctas - 1) / ctas);
+  const int want = int((8 * int64_t(sms) + ctas - 1) / ctas);
   const int splits = std::min({want, n_blocks / 2, max_splits});
   return splits >= 2 ? splits : 1;
 }

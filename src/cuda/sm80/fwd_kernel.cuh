@@ -30,19 +30,17 @@ namespace flashattn::sm80 {
 constexpr float kNegInf = -__builtin_huge_valf();
 
 // Loads rows [row0, row0 + kRows) of one head of a (rows, head_dim) view into a swizzled tile;
-// rows >= num_valid_rows and columns >= head_dim are zero-filled. The aligned path is cp.async
-// (asynchronous, completes at cp_async_wait); the unaligned path is plain loads and stores.
-template <int kRows, int kCols, int kThreads, class T>
-__device__ __forceinline__ void load_tile(T* tile, const T* head_base, int64_t row_stride, int row0, int num_valid_rows,
-                                          int head_dim, bool aligned) {
+// rows >= num_valid_rows and columns >= head_dim are zero-filled. kAligned: 16-byte cp.async
+// (asynchronous, completes at cp_async_wait); otherwise plain element loads and 16-byte stores.
+template <int kRows, int kCols, int kThreads, bool kAligned, class T>
+__device__ __forceinline__ void load_tile_units(T* tile, const T* head_base, int64_t row_stride, int row0,
+                                                int num_valid_rows, int head_dim) {
   using Tile = SmemTile<kRows, kCols>;
-  constexpr int kUnitsPerRow = kCols / 8;                  // 16-byte units per row
-  constexpr int kRowsPerPass = kThreads / kUnitsPerRow;    // rows one pass of the CTA covers
+  constexpr int kUnitsPerRow = kCols / 8;                // 16-byte units per row
+  constexpr int kRowsPerPass = kThreads / kUnitsPerRow;  // rows one pass of the CTA covers
   static_assert(kRows * kUnitsPerRow % kThreads == 0, "whole 16-byte units per thread");
-  auto load_unit = [&](int row, int col, T* dst) {
-    const bool valid_row = row0 + row < num_valid_rows;
-    const T* src = head_base + int64_t(row0 + row) * row_stride + col;
-    if (aligned) {
+  auto load_unit = [&](const T* src, bool valid_row, int col, T* dst) {
+    if constexpr (kAligned) {
       const bool valid = valid_row && col < head_dim;
       cp_async_16(dst, valid ? src : head_base, valid);
     } else {
@@ -53,20 +51,52 @@ __device__ __forceinline__ void load_tile(T* tile, const T* head_base, int64_t r
     }
   };
   if constexpr (kThreads % kUnitsPerRow == 0 && kRowsPerPass % 8 == 0) {
-    // This thread's units share one column and rows 8k apart, so one swizzled offset serves all.
+    // This thread's units share one column and rows kRowsPerPass apart (a multiple of 8), so one
+    // swizzled offset, one source pointer and one row bound serve them all.
     const int col = (threadIdx.x % kUnitsPerRow) * 8, first_row = threadIdx.x / kUnitsPerRow;
+    const int rows_left = num_valid_rows - row0 - first_row;
+    const T* src = head_base + int64_t(row0 + first_row) * row_stride + col;
     T* dst = tile + Tile::offset(first_row, col);
 #pragma unroll
     for (int i = 0; i < kRows / kRowsPerPass; ++i)
-      load_unit(first_row + i * kRowsPerPass, col, dst + i * kRowsPerPass * Tile::kChunk);
+      load_unit(src + i * kRowsPerPass * row_stride, i * kRowsPerPass < rows_left, col,
+                dst + i * kRowsPerPass * Tile::kChunk);
   } else {
 #pragma unroll
     for (int i = 0; i < kRows * kUnitsPerRow / kThreads; ++i) {
       const int unit = i * kThreads + threadIdx.x;
       const int row = unit / kUnitsPerRow, col = (unit % kUnitsPerRow) * 8;
-      load_unit(row, col, tile + Tile::offset(row, col));
+      load_unit(head_base + int64_t(row0 + row) * row_stride + col, row0 + row < num_valid_rows, col,
+                tile + Tile::offset(row, col));
     }
   }
+}
+
+template <int kRows, int kCols, int kThreads, class T>
+__device__ __forceinline__ void load_tile(T* tile, const T* head_base, int64_t row_stride, int row0, int num_valid_rows,
+                                          int head_dim, bool aligned) {
+  if (aligned)
+    load_tile_units<kRows, kCols, kThreads, true>(tile, head_base, row_stride, row0, num_valid_rows, head_dim);
+  else
+    load_tile_units<kRows, kCols, kThreads, false>(tile, head_base, row_stride, row0, num_valid_rows, head_dim);
+}
+
+// Pairwise (tree) reductions of n values: short dependency chains.
+template <int n>
+__device__ __forceinline__ float tree_max(float (&x)[n]) {
+#pragma unroll
+  for (int stride = 1; stride < n; stride *= 2)
+#pragma unroll
+    for (int i = 0; i + stride < n; i += 2 * stride) x[i] = fmaxf(x[i], x[i + stride]);
+  return x[0];
+}
+template <int n>
+__device__ __forceinline__ float tree_sum(float (&x)[n]) {
+#pragma unroll
+  for (int stride = 1; stride < n; stride *= 2)
+#pragma unroll
+    for (int i = 0; i + stride < n; i += 2 * stride) x[i] += x[i + stride];
+  return x[0];
 }
 
 // The config arrives as its fields: nvcc's host stubs cannot take a class-type template argument.
@@ -237,35 +267,42 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
 
     // Online softmax, one row (mt, half) at a time; a row is spread over the 4 lanes of a quad.
     const float scale_log2 = p.score_scale_log2;
+    float correction[kMTiles][2];
+    bool rescale = false;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float m_new = row_max[mt][half];
+        float part[kNTiles];
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          m_new = fmaxf(m_new, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-        m_new = quad_max(m_new);
+        for (int nt = 0; nt < kNTiles; ++nt) part[nt] = fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
+        const float m_new = quad_max(fmaxf(row_max[mt][half], tree_max(part)));
         // A row with nothing visible yet keeps max -inf: subtract 0 so p = exp2(-inf) = 0, not NaN.
         const float m_scaled = m_new == kNegInf ? 0.f : m_new * scale_log2;
-        const float correction = exp2_fast(row_max[mt][half] * scale_log2 - m_scaled);
+        const bool moved = row_max[mt][half] != m_new;
+        correction[mt][half] = moved ? exp2_fast(row_max[mt][half] * scale_log2 - m_scaled) : 1.f;
+        rescale |= moved;
         row_max[mt][half] = m_new;
-        float sum = 0.f;
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s[mt][nt][2 * half + e];
-            x = exp2_fast(x * scale_log2 - m_scaled);
-            sum += x;
-          }
-        row_sum[mt][half] = row_sum[mt][half] * correction + sum;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          o_acc[mt][dt][2 * half] *= correction;
-          o_acc[mt][dt][2 * half + 1] *= correction;
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          float& x0 = s[mt][nt][2 * half];
+          float& x1 = s[mt][nt][2 * half + 1];
+          x0 = exp2_fast(x0 * scale_log2 - m_scaled);
+          x1 = exp2_fast(x1 * scale_log2 - m_scaled);
+          part[nt] = x0 + x1;
         }
+        row_sum[mt][half] = row_sum[mt][half] * correction[mt][half] + tree_sum(part);
       }
+    // Once the running max settles (most blocks of a long row), o needs no rescaling: skip the
+    // multiplies when no row of the warp moved.
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o_acc[mt][dt][e] *= correction[mt][e / 2];
+    }
 
     // o += p v_j: p's C fragments repacked as A fragments (mma.cuh), v_j by ldmatrix.trans.
 #pragma unroll
