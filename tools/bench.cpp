@@ -10,6 +10,7 @@
 #include <numeric>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "commands.hpp"
 
@@ -237,8 +238,12 @@ int cmd_bench(const BenchOptions& o) {
         }
         std::vector<double> times;
         if (st == FA_OK) {
-          std::vector<float> check = t.download_o();
-          if (any_non_finite(check)) err = "WRONG: o has elements that are not finite or not written";
+          // Every output element written and finite (they were poisoned with NaN).
+          std::vector<std::pair<const char*, const Buffer*>> outputs = {{"o", &t.o}};
+          if (backward) outputs = {{"dq", &t.dq}, {"dk", &t.dk}, {"dv", &t.dv}};
+          for (const auto& [name, buf] : outputs)
+            if (err.empty() && any_non_finite(t.download(*buf)))
+              err = std::string("WRONG: ") + name + " has elements that are not finite or not written";
           bool ok = true;
           for (int i = 0; i < o.repeats && ok && err.empty(); ++i) {
             times.push_back(time_ms(dev, [&] { return (backward ? fa_backward(&call, impl) : fa_forward(&call, impl)) == FA_OK; }, &ok));

@@ -239,13 +239,15 @@ void Tensors::poison_outputs() {
   for (Buffer* b : {&o, &lse, &dq, &dk, &dv}) b->fill_bytes(0xff);  // 0xff..: NaN in fp32, fp16 and bf16
 }
 
-std::vector<float> Tensors::download_o() const {
-  std::vector<unsigned char> raw(o.bytes());
-  o.download(raw.data(), raw.size());
-  std::vector<float> out(size_t(q_elements(p)));
+std::vector<float> Tensors::download(const Buffer& b) const {
+  std::vector<unsigned char> raw(b.bytes());
+  b.download(raw.data(), raw.size());
+  std::vector<float> out(raw.size() / dtype_bytes(p.dtype));
   decode(raw.data(), int64_t(out.size()), p.dtype, out.data());
   return out;
 }
+
+std::vector<float> Tensors::download_o() const { return download(o); }
 
 std::vector<float> Tensors::download_lse() const {
   std::vector<float> out(static_cast<size_t>(lse_elements()));

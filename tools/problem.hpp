@@ -68,6 +68,7 @@ struct Tensors {
   Tensors(Device dev, const fa_params& shape, const ProblemSpec& s, bool backward);
   void poison_outputs();                  // o, lse, dq, dk, dv = NaN
   std::vector<float> download_o() const;  // o in fp32, in o's layout
+  std::vector<float> download(const Buffer& b) const;  // any dtype tensor (o, dq, dk, dv) in fp32
   std::vector<float> download_lse() const;
   int64_t lse_elements() const;
 };

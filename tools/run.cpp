@@ -136,9 +136,16 @@ int cmd_run(const RunOptions& o) {
     fa_params r = reference_params(probe, o_ref, lse_ref, 1);
     bool ok = false;
     const double per_seq = time_ms(Device::Cpu, [&] { return fa_forward(&r, FA_IMPL_CPU_REFERENCE) == FA_OK; }, &ok) / 1e3;
-    const double estimate = per_seq * shape.batch;
+    // The reference runs one (batch, head) per thread: `batch` sequences take
+    // ceil(batch * heads / threads) rounds of what one sequence took in ceil(heads / threads).
+    const int64_t h = shape.num_heads, cpu_threads = cpu_count();
+    auto estimate_of = [&](int64_t b) {
+      return per_seq * double((b * h + cpu_threads - 1) / cpu_threads) / double((h + cpu_threads - 1) / cpu_threads);
+    };
+    const double estimate = estimate_of(shape.batch);
     if (ok && estimate > o.budget_s) {
-      const int fit = std::max(1, int(o.budget_s / per_seq));
+      int fit = 1;
+      while (fit + 1 < shape.batch && estimate_of(fit + 1) <= o.budget_s) ++fit;
       char buf[320];
       if (dev == Device::Cpu) {
         shape.batch = check_batch = fit;
