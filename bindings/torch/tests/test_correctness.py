@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from attn_reference import DEVICES, check_rule, plain_attention, plain_varlen, skip_unsupported
+from attn_reference import (DEVICES, check_rule, gradient_floor, gradient_floor_varlen, plain_attention, plain_sequential,
+                            plain_sequential_varlen, plain_varlen, skip_unsupported)
 from flashattn_torch import flash_attn_func, flash_attn_varlen_func
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -27,23 +28,20 @@ def make(shape, dtype, device):
     return torch.randn(shape, dtype=dtype, device=device).requires_grad_()
 
 
-def reference_and_plain(q, k, v, dout, fn):
-    """(ref, plain) lists [out, lse, dq, dk, dv]: fn run in fp64 and in the inputs' dtype."""
-    result = []
-    for dt in (torch.float64, q.dtype):
-        qq, kk, vv = (t.detach().to(dt).requires_grad_() for t in (q, k, v))
-        out, lse = fn(qq, kk, vv)
-        grads = torch.autograd.grad(out, (qq, kk, vv), dout.to(dt))
-        result.append([out, lse, *grads])
-    return result
+def reference(q, k, v, dout, fn):
+    """[out, lse, dq, dk, dv] of fn (plain attention) run in fp64 on the same inputs."""
+    qq, kk, vv = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out, lse = fn(qq, kk, vv)
+    return [out, lse, *torch.autograd.grad(out, (qq, kk, vv), dout.double())]
 
 
-def check_all(out, lse, grads, ref, plain, lse_plain, dtype):
+def check_all(out, lse, grads, ref, plain, lse_plain, floors, dtype):
+    """plain: [out, dq, dk, dv] of the plain implementation in the inputs' dtype."""
     check_rule("out", out, ref[0], plain[0], 2, dtype)
     # lse is fp32 for every input dtype: the plain bound is the fp32 lse of the same scores.
     check_rule("lse", lse, ref[1], lse_plain, 2, torch.float32)
-    for name, g, r, pl in zip(("dq", "dk", "dv"), grads, ref[2:], plain[2:]):
-        check_rule(name, g, r, pl, 3, dtype)
+    for name, g, r, pl, floor in zip(("dq", "dk", "dv"), grads, ref[2:], plain[1:], floors):
+        check_rule(name, g, r, pl, 3, dtype, floor)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -64,9 +62,11 @@ def test_flash_attn_func(dtype, head_dim, feature, device):
 
     plain_kw = {"softmax_scale": kw.get("softmax_scale"), "causal": kw.get("causal", False),
                 "window": kw.get("window_size", (-1, -1)), "softcap": kw.get("softcap", 0.0)}
-    ref, plain = reference_and_plain(q, k, v, dout, lambda a, b, c: plain_attention(a, b, c, **plain_kw))
+    ref = reference(q, k, v, dout, lambda a, b, c: plain_attention(a, b, c, **plain_kw))
+    plain = plain_sequential(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), **plain_kw)
     lse_plain = plain_attention(*(t.detach().float() for t in (q, k, v)), **plain_kw)[1]
-    check_all(out, lse, grads, ref, plain, lse_plain, dtype)
+    floors = gradient_floor(q, k, v, dout, **plain_kw)
+    check_all(out, lse, grads, ref, plain, lse_plain, floors, dtype)
 
 
 def random_cu_seqlens(batch, max_len, device, allow_empty=True):
@@ -97,6 +97,8 @@ def test_flash_attn_varlen_func(dtype, kw, device):
     plain_kw = {"causal": kw.get("causal", False), "window": kw.get("window_size", (-1, -1)),
                 "softcap": kw.get("softcap", 0.0)}
     fn = lambda a, b, c: plain_varlen(a, b, c, cu_q.cpu(), cu_k.cpu(), **plain_kw)  # noqa: E731
-    ref, plain = reference_and_plain(q, k, v, dout, fn)
+    ref = reference(q, k, v, dout, fn)
+    plain = plain_sequential_varlen(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), cu_q.cpu(), cu_k.cpu(), **plain_kw)
     lse_plain = fn(*(t.detach().float() for t in (q, k, v)))[1]
-    check_all(out, lse, grads, ref, plain, lse_plain, dtype)
+    floors = gradient_floor_varlen(q, k, v, dout, cu_q.cpu(), cu_k.cpu(), **plain_kw)
+    check_all(out, lse, grads, ref, plain, lse_plain, floors, dtype)
