@@ -69,6 +69,6 @@ if [ $built = 1 ]; then
 fi
 if has cli && [ -x build/tools/flashattn ]; then
   log "CLI end-to-end tests (CPU)"
-  timeout 120 bash tools/tests/cli_test.sh build/tools/flashattn "$OUT/cli_test" 2>&1 | tail -n 5
+  timeout 120 bash tools/tests/cli_test.sh build/tools/flashattn /tmp/cli_test 2>&1 | tail -n 5
 fi
 log "done"
