@@ -161,24 +161,35 @@ struct Consumer {
   }
 
   // Online softmax of one block: new running max (log2 domain), P = exp2(s * scale - max) in
-  // place with one FFMA and one EX2 an element, the sums rescaled. corr rescales O.
+  // place with one FFMA and one EX2 an element, the sums rescaled. corr rescales O. The row max
+  // and row sum run in kChains independent chains: one serial chain of kN / 4 dependent
+  // instructions would sit on the critical path between the two GEMMs.
   __device__ __forceinline__ void online_softmax(float (&s)[kN / 2], float score_scale, float (&corr)[2]) {
-    float m[2] = {-INFINITY, -INFINITY};
+    constexpr int kChains = (kN / 8) % 4 == 0 ? 4 : 2;
+    float m_part[2][kChains];
 #pragma unroll
-    for (int n = 0; n < kN / 8; ++n)
+    for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int i = 0; i < 2; ++i) m[i] = fmaxf(m[i], fmaxf(s[4 * n + 2 * i], s[4 * n + 2 * i + 1]));
+      for (int c = 0; c < kChains; ++c) m_part[i][c] = fmaxf(s[4 * c + 2 * i], s[4 * c + 2 * i + 1]);
+#pragma unroll
+    for (int n = kChains; n < kN / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        m_part[i][n % kChains] = fmaxf(m_part[i][n % kChains], fmaxf(s[4 * n + 2 * i], s[4 * n + 2 * i + 1]));
     float m_use[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 1));
-      m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 2));
-      const float m_new = fmaxf(row_max[i], m[i] * score_scale);
+      float m = m_part[i][0];
+#pragma unroll
+      for (int c = 1; c < kChains; ++c) m = fmaxf(m, m_part[i][c]);
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const float m_new = fmaxf(row_max[i], m * score_scale);
       m_use[i] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: keep p = 0
       corr[i] = fast_exp2(row_max[i] - m_use[i]);
       row_max[i] = m_new;
-      row_sum[i] *= corr[i];
     }
+    float sum_part[2][kChains] = {};
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n)
 #pragma unroll
@@ -187,8 +198,15 @@ struct Consumer {
         for (int j = 0; j < 2; ++j) {
           const float e = fast_exp2(fmaf(s[4 * n + 2 * i + j], score_scale, -m_use[i]));
           s[4 * n + 2 * i + j] = e;
-          row_sum[i] += e;
+          sum_part[i][n % kChains] += e;
         }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sum = sum_part[i][0];
+#pragma unroll
+      for (int c = 1; c < kChains; ++c) sum += sum_part[i][c];
+      row_sum[i] = fmaf(row_sum[i], corr[i], sum);
+    }
   }
 
   __device__ __forceinline__ void rescale_o(const float (&corr)[2]) {

@@ -3,10 +3,16 @@
 
 #include <cstdint>
 
-// Dev switch (dev/sm90/run.sh measures the kernel with it off): ping-pong scheduling of the
-// two consumer warpgroups.
+// Dev switch: ping-pong scheduling of the two consumer warpgroups. Off: with the softmax already
+// overlapped inside each warpgroup it measured 1-8% slower (docs/sm90.md); dev/sm90/run.sh
+// bench-pingpong measures it on.
 #ifndef FLASHATTN_SM90_PINGPONG
-#define FLASHATTN_SM90_PINGPONG 1
+#define FLASHATTN_SM90_PINGPONG 0
+#endif
+
+// Dev switch: block_n of head_dim 128 (dev/sm90/run.sh bench-bn176 measures 176).
+#ifndef FLASHATTN_SM90_HDIM128_BLOCK_N
+#define FLASHATTN_SM90_HDIM128_BLOCK_N 128
 #endif
 
 namespace flashattn::cuda::sm90 {
@@ -41,7 +47,7 @@ struct Traits {
   static constexpr int kBlockM = 128;
   // 64: 128 keys a step, 3 stages (112 KB). 128: 128 keys, 2 stages (160 KB).
   // 256: 64 keys, 2 stages (192 KB); O alone is 128 registers a thread.
-  static constexpr int kBlockN = kHeadDim == 256 ? 64 : 128;
+  static constexpr int kBlockN = kHeadDim == 256 ? 64 : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_BLOCK_N : 128;
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
@@ -56,6 +62,7 @@ struct Traits {
   static constexpr int kQPanelBytes = kBlockM * 128;
   static constexpr int kKVPanelBytes = kBlockN * 128;
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
+  static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");
 };
 
