@@ -13,6 +13,7 @@ namespace fa_test {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kU32 = 1.f / (1 << 24);  // fp32 unit roundoff
 
 // One (sequence, query head): S, P and the softcap's tanh, all (seqlen_q, seqlen_k).
 struct Head {
@@ -22,6 +23,11 @@ struct Head {
   fa_dtype dt;
   flashattn::Mask mask;
   std::vector<float> p, t;  // P (rounded), tanh of the scaled scores (softcap only)
+  // Per row: the relative error a backward's P recomputed in fp32 from the forward's lse may have,
+  // 4 u (|lse| + max|s| + sqrt(n) + sqrt(d) scale max sum|q k|): the lse stored in fp32, the scores
+  // rescaled (e.g. by log2 e), the forward's sum of n exponentials and the recomputed dot products,
+  // each at the size of random rounding (Higham & Mary's probabilistic bound, lambda = 4).
+  std::vector<float> eps;
 
   Head(const Problem& problem, int b, int head)
       : pr(problem), s(problem.seq(b)), h(head), hk(head / (problem.c.num_heads / problem.c.num_heads_kv)),
@@ -37,14 +43,20 @@ struct Head {
     const float cap = pr.c.softcap;
     p.assign(size_t(sq * sk), 0.f);
     t.assign(size_t(sq * sk), 0.f);
+    eps.assign(size_t(sq), 0.f);
     std::vector<float> row(static_cast<size_t>(sk));
     for (int64_t i = 0; i < sq; ++i) {
       std::fill(row.begin(), row.end(), kNegInf);
       const float* q = &pr.qf[qi(i)];
+      float dot_abs = 0.f, s_abs = 0.f;
       for (int64_t j = mask.key_begin(i); j < mask.key_end(i); ++j) {
         const float* k = &pr.kf[ki(j)];
-        float acc = 0.f;
-        for (int c = 0; c < d; ++c) acc += q[c] * k[c];
+        float acc = 0.f, acc_abs = 0.f;
+        for (int c = 0; c < d; ++c) {
+          acc += q[c] * k[c];
+          acc_abs += std::fabs(q[c] * k[c]);
+        }
+        dot_abs = std::max(dot_abs, acc_abs * pr.scale);
         float x = r(acc * pr.scale);
         if (cap > 0.f) {
           float th = std::tanh(x / cap);
@@ -52,12 +64,15 @@ struct Head {
           x = r(cap * th);
         }
         row[size_t(j)] = x;
+        s_abs = std::max(s_abs, std::fabs(x));
       }
       float m = kNegInf;
       for (float x : row) m = std::max(m, x);
       if (m == kNegInf) continue;  // fully masked row: P = 0
       float l = 0.f;
       for (float& x : row) l += (x = std::exp(x - m));
+      const float n = float(mask.key_end(i) - mask.key_begin(i));
+      eps[size_t(i)] = 4 * kU32 * (std::fabs(m + std::log(l)) + s_abs + std::sqrt(n) + std::sqrt(float(d)) * dot_abs);
       for (int64_t j = 0; j < sk; ++j) p[size_t(i * sk + j)] = r(row[size_t(j)] / l);
     }
   }
@@ -102,9 +117,10 @@ Outputs plain_backward(const Problem& pr) {
   out.dq.assign(pr.qf.size(), 0.f);
   out.dk.assign(pr.kf.size(), 0.f);
   out.dv.assign(pr.vf.size(), 0.f);
-  out.dq_abs.assign(pr.qf.size(), 0.f);
-  out.dk_abs.assign(pr.kf.size(), 0.f);
-  out.dv_abs.assign(pr.vf.size(), 0.f);
+  out.dq_floor.assign(pr.qf.size(), 0.f);
+  out.dk_floor.assign(pr.kf.size(), 0.f);
+  out.dv_floor.assign(pr.vf.size(), 0.f);
+  const float dot_err = 4 * std::sqrt(2.f * float(d)) * kU32;  // dP_ij and D_i: two fp32 dot products of length d
   const int nbatch = pr.varlen ? int(pr.cu_q.size()) - 1 : pr.c.batch, nhk = pr.c.num_heads_kv;
   const int group = pr.c.num_heads / nhk;
   const float cap = pr.c.softcap;
@@ -116,12 +132,13 @@ Outputs plain_backward(const Problem& pr) {
       // The group's dK, dV: each query head's contribution rounded, summed in fp32 (what the
       // backward of an expanded k / v does), rounded once more.
       std::vector<float> dk_sum(size_t(sk * d), 0.f), dv_sum(size_t(sk * d), 0.f);
-      std::vector<float> dk_abs(size_t(sk * d), 0.f), dv_abs(size_t(sk * d), 0.f);
+      std::vector<float> dk_err(size_t(sk * d), 0.f), dv_err(size_t(sk * d), 0.f);
       for (int h = hk * group; h < (hk + 1) * group; ++h) {
         Head hd(pr, b, h);
         hd.forward();
-        // ds_abs: |dS| as its terms bound it, P (|dP| + |D|) |dcap| scale, for the *_abs sums.
-        std::vector<float> ds(size_t(sq * sk), 0.f), ds_abs(size_t(sq * sk), 0.f), acc(static_cast<size_t>(d));
+        // ds_err: the fp32 error a recomputing backward may make in dS_ij,
+        // (dot_err + eps_i) P_ij (|dP_ij| + |D_i|) |dcap| scale; it flows into dq and dk like dS.
+        std::vector<float> ds(size_t(sq * sk), 0.f), ds_err(size_t(sq * sk), 0.f), acc(static_cast<size_t>(d));
         for (int64_t i = 0; i < sq; ++i) {
           const float* dout = &pr.dof[hd.qi(i)];
           // dP_ij = round(dO_i . V_j); D_i = sum_j P_ij dP_ij; dS_ij = round(P_ij (dP_ij - D_i))
@@ -139,27 +156,27 @@ Outputs plain_backward(const Problem& pr) {
           for (int64_t j = 0; j < sk; ++j) {
             float pij = hd.p[size_t(i * sk + j)];
             if (pij == 0.f) continue;
-            float x = hd.r(pij * (dp[size_t(j)] - D)), x_abs = pij * (std::fabs(dp[size_t(j)]) + std::fabs(D));
+            float x = hd.r(pij * (dp[size_t(j)] - D)), x_err = (dot_err + hd.eps[size_t(i)]) * pij * (std::fabs(dp[size_t(j)]) + std::fabs(D));
             if (cap > 0.f) {
               float th = hd.t[size_t(i * sk + j)];
               x = hd.r(x * (1.f - th * th));
-              x_abs *= 1.f - th * th;
+              x_err *= 1.f - th * th;
             }
             ds[size_t(i * sk + j)] = hd.r(x * pr.scale);
-            ds_abs[size_t(i * sk + j)] = x_abs * pr.scale;
+            ds_err[size_t(i * sk + j)] = x_err * pr.scale;
           }
         }
         // dQ_i = round(sum_j dS_ij K_j)
         for (int64_t i = 0; i < sq; ++i) {
           std::fill(acc.begin(), acc.end(), 0.f);
-          float* dq_abs = &out.dq_abs[hd.qi(i)];
+          float* dq_err = &out.dq_floor[hd.qi(i)];
           for (int64_t j = 0; j < sk; ++j) {
-            float x = ds[size_t(i * sk + j)], x_abs = ds_abs[size_t(i * sk + j)];
+            float x = ds[size_t(i * sk + j)], x_err = ds_err[size_t(i * sk + j)];
             const float* k = &pr.kf[hd.ki(j)];
             if (x != 0.f)
               for (int c = 0; c < d; ++c) acc[size_t(c)] += x * k[c];
-            if (x_abs != 0.f)
-              for (int c = 0; c < d; ++c) dq_abs[c] += x_abs * std::fabs(k[c]);
+            if (x_err != 0.f)
+              for (int c = 0; c < d; ++c) dq_err[c] += x_err * std::fabs(k[c]);
           }
           for (int c = 0; c < d; ++c) out.dq[hd.qi(i) + size_t(c)] = hd.r(acc[size_t(c)]);
         }
@@ -168,20 +185,20 @@ Outputs plain_backward(const Problem& pr) {
         for (int64_t j = 0; j < sk; ++j) {
           std::fill(acc.begin(), acc.end(), 0.f);
           std::fill(acc_v.begin(), acc_v.end(), 0.f);
-          float* dk_a = &dk_abs[size_t(j * d)];
-          float* dv_a = &dv_abs[size_t(j * d)];
+          float* dk_a = &dk_err[size_t(j * d)];
+          float* dv_a = &dv_err[size_t(j * d)];
           for (int64_t i = 0; i < sq; ++i) {
-            float x = ds[size_t(i * sk + j)], x_abs = ds_abs[size_t(i * sk + j)], pij = hd.p[size_t(i * sk + j)];
+            float x = ds[size_t(i * sk + j)], x_err = ds_err[size_t(i * sk + j)], pij = hd.p[size_t(i * sk + j)];
             const float* q = &pr.qf[hd.qi(i)];
             const float* dout = &pr.dof[hd.qi(i)];
             if (x != 0.f)
               for (int c = 0; c < d; ++c) acc[size_t(c)] += x * q[c];
-            if (x_abs != 0.f)
-              for (int c = 0; c < d; ++c) dk_a[c] += x_abs * std::fabs(q[c]);
+            if (x_err != 0.f)
+              for (int c = 0; c < d; ++c) dk_a[c] += x_err * std::fabs(q[c]);
             if (pij != 0.f)
               for (int c = 0; c < d; ++c) {
                 acc_v[size_t(c)] += pij * dout[c];
-                dv_a[c] += pij * std::fabs(dout[c]);
+                dv_a[c] += pij * hd.eps[size_t(i)] * std::fabs(dout[c]);
               }
           }
           for (int c = 0; c < d; ++c) {
@@ -195,8 +212,8 @@ Outputs plain_backward(const Problem& pr) {
         for (int c = 0; c < d; ++c) {
           out.dk[base + size_t(c)] = flashattn::round_to(dk_sum[size_t(j * d + c)], pr.c.dtype);
           out.dv[base + size_t(c)] = flashattn::round_to(dv_sum[size_t(j * d + c)], pr.c.dtype);
-          out.dk_abs[base + size_t(c)] = dk_abs[size_t(j * d + c)];
-          out.dv_abs[base + size_t(c)] = dv_abs[size_t(j * d + c)];
+          out.dk_floor[base + size_t(c)] = dk_err[size_t(j * d + c)];
+          out.dv_floor[base + size_t(c)] = dv_err[size_t(j * d + c)];
         }
       }
     }

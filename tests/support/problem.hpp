@@ -73,9 +73,9 @@ uint64_t fresh_seed(const std::string& name);
 struct Outputs {
   std::vector<float> o, lse, dq, dk, dv;
   std::vector<float> o_abs;  // plain_forward only: sum_j P_ij |v_jc| per element of o
-  // plain_backward only: per element, the sum of |terms| of the exact gradient (|dS| bounded by
-  // P (|dP| + |D|)), which scales the fp32 rounding any recomputing backward makes.
-  std::vector<float> dq_abs, dk_abs, dv_abs;
+  // plain_backward only: per element, the fp32 error a backward that recomputes P from the
+  // forward's lse, and dP and D = rowsum(dO * O), may make beyond the plain one's (plain.cpp).
+  std::vector<float> dq_floor, dk_floor, dv_floor;
 };
 
 // The oracle: FA_IMPL_CPU_REFERENCE on fp32 copies of the rounded inputs.
@@ -105,5 +105,11 @@ std::string compare(const char* what, const std::vector<float>& out, const std::
 // -inf, elsewhere within an fp32 error bound. "" when it passes.
 std::string check_lse(const Problem& pr, const std::vector<float>& lse, const std::vector<float>& ref_lse,
                       const std::vector<float>& o);
+
+// Everything check_forward / check_backward judge, on outputs already in pr (an entry per check,
+// "" when it passes): for tests that build their own inputs (set pr.qf ... and pr.q.set(pr.qf)).
+std::vector<std::string> judge_forward(const Problem& pr, const Outputs& ref, const Outputs& plain);
+std::vector<std::string> judge_backward(const Problem& pr, const Outputs& ref, const Outputs& plain);
+std::string join_errors(const std::vector<std::string>& errors);  // "" when every entry is ""
 
 }  // namespace fa_test
