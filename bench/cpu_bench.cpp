@@ -10,7 +10,7 @@
 // 2. Time (median and best of R runs after a warm-up) of FA2 forward (non-causal, causal),
 //    backward, FA1 forward and the reference, batch 1, fp32, (seqlen, heads, head_dim).
 //    FLOPs: forward 4 * b * h * s_q * s_k * d, halved when causal; backward 2.5x forward.
-// 3. Peak extra memory at --memory-seqlen: each implementation runs in a forked child; extra =
+// 3. Peak extra memory at --memory-seqlen: each implementation runs in a child process; extra =
 //    the child's peak RSS (getrusage ru_maxrss) minus its RSS after the inputs were allocated
 //    and touched. Also the bytes of the score matrix the standard algorithm materializes.
 #include <omp.h>
@@ -144,29 +144,43 @@ long rss_kib() {
   return resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
-// Peak extra resident memory (MiB) of one forward call, measured in a forked child.
+// The child of extra_memory_mib: one forward call, prints the peak extra resident MiB.
+int memory_child(int seqlen, int heads, int head_dim, int threads, fa_impl impl) {
+  Problem pr(seqlen, heads, head_dim, threads);
+  const long before = rss_kib();
+  if (fa_forward(&pr.p, impl) != FA_OK) return 1;
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("%.3f\n", double(ru.ru_maxrss - before) / 1024.0);
+  return 0;
+}
+
+// Peak extra resident memory (MiB) of one forward call, in a fresh process (this program run with
+// --memory-child: a fork alone would inherit OpenMP's thread pool, which libgomp does not survive).
 double extra_memory_mib(int seqlen, int heads, int head_dim, int threads, fa_impl impl) {
   int fds[2];
   if (pipe(fds) != 0) return -1;
   pid_t pid = fork();
   if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
     close(fds[0]);
-    Problem pr(seqlen, heads, head_dim, threads);
-    const long before = rss_kib();
-    fa_status st = fa_forward(&pr.p, impl);
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    double mib = st == FA_OK ? double(ru.ru_maxrss - before) / 1024.0 : -1.0;
-    if (write(fds[1], &mib, sizeof mib) != sizeof mib) _exit(1);
-    _exit(0);
+    close(fds[1]);
+    std::string args[] = {"cpu_bench", "--memory-child", std::to_string(int(impl)), std::to_string(seqlen),
+                          std::to_string(heads), std::to_string(head_dim), std::to_string(threads)};
+    char* argv[8];
+    for (int i = 0; i < 7; ++i) argv[i] = args[i].data();
+    argv[7] = nullptr;
+    execv("/proc/self/exe", argv);
+    _exit(127);
   }
   close(fds[1]);
-  double mib = -1;
-  if (read(fds[0], &mib, sizeof mib) != sizeof mib) mib = -1;
+  char buf[64] = {};
+  ssize_t n = read(fds[0], buf, sizeof buf - 1);
   close(fds[0]);
   int status = 0;
   waitpid(pid, &status, 0);
-  return mib;
+  if (n <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  return std::atof(buf);
 }
 
 std::string cpu_model() {
@@ -180,6 +194,9 @@ std::string cpu_model() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 7 && std::strcmp(argv[1], "--memory-child") == 0)
+    return memory_child(std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6]),
+                        fa_impl(std::atoi(argv[2])));
   int threads = 0, seqlen = 2048, heads = 16, head_dim = 64, reps = 5, memory_seqlen = 8192;
   long long cache_bytes = 0;  // the params' cpu_cache_bytes (0: the L2 size)
   bool reference = true, memory = true;
