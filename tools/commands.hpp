@@ -21,6 +21,7 @@ struct RunOptions {
   int repeats = 5;
   double budget_s = 1.5;  // seconds the fp64 reference may take; beyond that the batch is scaled down
   bool full = false;      // never scale the batch down
+  std::string pass = "fwd";  // fwd | bwd | both
 };
 
 struct BenchOptions {

@@ -278,14 +278,19 @@ fa_params reference_params(const Tensors& t, std::vector<float>& o_ref, std::vec
   return r;
 }
 
-Diff compare_o(const fa_params& p, const std::vector<float>& a, const std::vector<float>& b, int batch) {
+namespace {
+Diff compare_rows(const fa_params& p, const std::vector<float>& a, const std::vector<float>& b, int batch, bool k_side) {
   const bool varlen = spec_varlen(p);
-  const int64_t nb = varlen ? 1 : batch, rows = varlen ? p.total_q : p.seqlen_q;
+  const int64_t nb = varlen ? 1 : batch;
+  const int64_t rows = k_side ? (varlen ? p.total_k : p.seqlen_k) : (varlen ? p.total_q : p.seqlen_q);
+  const int64_t heads = k_side ? p.num_heads_kv : p.num_heads;
+  const int64_t bs = k_side ? p.dk_batch_stride : p.o_batch_stride, rs = k_side ? p.dk_row_stride : p.o_row_stride;
+  const int64_t hs = k_side ? p.dk_head_stride : p.o_head_stride;
   Diff d;
   for (int64_t bi = 0; bi < nb; ++bi)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t h = 0; h < p.num_heads; ++h) {
-        const int64_t off = bi * p.o_batch_stride + r * p.o_row_stride + h * p.o_head_stride;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t off = bi * bs + r * rs + h * hs;
         for (int64_t c = 0; c < p.head_dim; ++c) {
           const float x = a[size_t(off + c)], y = b[size_t(off + c)];
           if (!std::isfinite(x)) {
@@ -296,6 +301,44 @@ Diff compare_o(const fa_params& p, const std::vector<float>& a, const std::vecto
         }
       }
   return d;
+}
+}  // namespace
+
+fa_params reference_backward_params(const Tensors& t, std::vector<float>& o_ref, std::vector<float>& lse_ref,
+                                    std::vector<float>& dq_ref, std::vector<float>& dk_ref, std::vector<float>& dv_ref,
+                                    int batch) {
+  fa_params r = t.p;
+  r.dtype = FA_FLOAT32;
+  r.q = t.host_q.data();
+  r.k = t.host_k.data();
+  r.v = t.host_v.data();
+  r.o = o_ref.data();
+  r.lse = lse_ref.data();
+  r.dout = t.host_dout.data();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  dq_ref.assign(t.host_q.size(), nan);
+  dk_ref.assign(t.host_k.size(), nan);
+  dv_ref.assign(t.host_v.size(), nan);
+  r.dq = dq_ref.data();
+  r.dk = dk_ref.data();
+  r.dv = dv_ref.data();
+  r.workspace = nullptr;
+  r.workspace_bytes = 0;
+  r.stream = nullptr;
+  if (spec_varlen(t.p)) {
+    r.cu_seqlens_q = t.host_cu_q.data();
+    r.cu_seqlens_k = t.host_cu_k.data();
+  } else {
+    r.batch = batch;
+  }
+  return r;
+}
+
+Diff compare_o(const fa_params& p, const std::vector<float>& a, const std::vector<float>& b, int batch) {
+  return compare_rows(p, a, b, batch, false);
+}
+Diff compare_k_side(const fa_params& p, const std::vector<float>& a, const std::vector<float>& b, int batch) {
+  return compare_rows(p, a, b, batch, true);
 }
 
 Diff compare_lse(const fa_params& p, const std::vector<float>& a, const std::vector<float>& b, int batch) {

@@ -76,6 +76,11 @@ struct Tensors {
 // fa_params of the fp64 reference on the fp32 copies of t's inputs, writing o_ref / lse_ref
 // (same layout as t), restricted to the first `batch` sequences (not varlen).
 fa_params reference_params(const Tensors& t, std::vector<float>& o_ref, std::vector<float>& lse_ref, int batch);
+// The reference backward on the same copies: dout from t, o / lse from the reference forward
+// (o_ref, lse_ref), writing dq_ref, dk_ref, dv_ref. t must hold the backward tensors.
+fa_params reference_backward_params(const Tensors& t, std::vector<float>& o_ref, std::vector<float>& lse_ref,
+                                    std::vector<float>& dq_ref, std::vector<float>& dk_ref, std::vector<float>& dv_ref,
+                                    int batch);
 
 // Max |a - b| over the elements of the o-side layout of p (first `batch` sequences), and how
 // many elements of `a` are not finite.
@@ -84,6 +89,8 @@ struct Diff {
   int64_t non_finite = 0;
 };
 Diff compare_o(const fa_params& p, const std::vector<float>& a, const std::vector<float>& b, int batch);
+// The same over a k-side tensor (dk, dv: k's rows and num_heads_kv, dk's strides).
+Diff compare_k_side(const fa_params& p, const std::vector<float>& a, const std::vector<float>& b, int batch);
 Diff compare_lse(const fa_params& p, const std::vector<float>& a, const std::vector<float>& b, int batch);
 
 // Forward FLOPs: 4 d per visible (query, key) pair per head; causal without a window counts

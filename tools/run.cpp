@@ -36,6 +36,8 @@ void add_run_command(CLI::App& app, RunOptions& o) {
   run->add_option("--budget", o.budget_s, "seconds the fp64 reference may take before the batch is scaled down")
       ->capture_default_str();
   run->add_flag("--full", o.full, "never scale the batch down");
+  run->add_option("--pass", o.pass, "fwd | bwd | both: the forward, the backward (dq, dk, dv from a forward's o and lse), or both")
+      ->capture_default_str();
 }
 
 namespace {
@@ -48,7 +50,7 @@ struct Row {
   int runs = 0;
   double mem_model = -1, mem_measured = -1;
   IoCount io;
-  Diff err_o, err_lse;
+  Diff err_a, err_b;  // forward: o, lse; backward: dq, (dk, dv)
 };
 
 // Sanity bounds on the error against the fp64 reference (the tests apply the strict anchor
@@ -89,11 +91,18 @@ IoCount model_io(fa_impl impl, const Tensors& t, Blocks blocks) {
   return total;
 }
 
-// Extra memory the fp64 reference holds by its algorithm: per (batch, head) in flight (one per
-// thread), S/P (seqlen_q x seqlen_k) and fp64 copies of q, k, v.
-double reference_memory_model(const fa_params& p, int threads) {
-  const double tasks = std::min<double>(threads, double(p.batch) * p.num_heads);
-  return tasks * 8.0 * (double(p.seqlen_q) * p.seqlen_k + double(p.seqlen_q + 2.0 * p.seqlen_k) * p.head_dim);
+// Extra memory the fp64 reference holds by its algorithm, one task per thread. Forward: per
+// (batch, head), S/P (seqlen_q x seqlen_k) and fp64 copies of q, k, v. Backward: per (batch, kv
+// head), S/P and the softcap derivative (2 seqlen_q x seqlen_k), copies of q, k, v, dout and
+// the dq, dk, dv accumulators.
+double reference_memory_model(const fa_params& p, int threads, bool backward) {
+  const double sq = p.seqlen_q, sk = p.seqlen_k, d = p.head_dim;
+  if (!backward) {
+    const double tasks = std::min<double>(threads, double(p.batch) * p.num_heads);
+    return tasks * 8.0 * (sq * sk + (sq + 2 * sk) * d);
+  }
+  const double tasks = std::min<double>(threads, double(p.batch) * p.num_heads_kv);
+  return tasks * 8.0 * (2 * sq * sk + (3 * sq + 4 * sk) * d);
 }
 
 bool call_forward(const fa_params& p, fa_impl impl, std::string* err) {
@@ -103,6 +112,158 @@ bool call_forward(const fa_params& p, fa_impl impl, std::string* err) {
   return false;
 }
 
+
+bool call_backward(const fa_params& p, fa_impl impl, std::string* err) {
+  fa_status s = fa_backward(&p, impl);
+  if (s == FA_OK) return true;
+  *err = std::string(fa_status_name(s)) + ": " + fa_last_error();
+  return false;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v)
+    if (std::isfinite(x)) m = std::max(m, double(std::fabs(x)));
+  return m;
+}
+
+// What every measurement of one problem shares.
+struct Context {
+  Device dev;
+  Tensors& t;
+  const RunOptions& o;
+  int threads, check_batch;
+  Blocks blocks;
+  const std::vector<float>&o_ref, &lse_ref, &dq_ref, &dk_ref, &dv_ref;
+};
+
+// One implementation, one pass: a checked run under the memory measurement, the comparison with
+// the oracle, then the timed runs.
+Row measure(const Context& c, fa_impl impl, bool backward, bool* measured_rss) {
+  const fa_params& p = c.t.p;
+  const Device dev = c.dev;
+  Row row;
+  row.impl = impl;
+  size_t ws_fwd = 0, ws_bwd = 0;
+  fa_status st = fa_workspace_size(&p, impl, 0, &ws_fwd);
+  if (st == FA_OK && backward) st = fa_workspace_size(&p, impl, 1, &ws_bwd);
+  if (st != FA_OK) {
+    row.status = std::string(fa_status_name(st)) + ": " + fa_last_error();
+    return row;
+  }
+  const size_t ws_bytes = backward ? ws_bwd : ws_fwd;
+  fa_params call = p;
+  Buffer ws_forward;
+  std::string err;
+  bool ok = true;
+  c.t.poison_outputs();
+  if (backward) {  // o and lse from this implementation's forward, outside the measurement
+    ws_forward = Buffer(dev, ws_fwd);
+    call.workspace = ws_forward.data();
+    call.workspace_bytes = ws_fwd;
+    ok = call_forward(call, impl, &err);
+    if (!ok) {
+      row.ran = true;
+      row.status = err;
+      return row;
+    }
+  }
+  const size_t used_before = dev == Device::Cuda ? cuda_used_bytes() : 0;
+  Buffer ws(dev, ws_bytes);
+  call.workspace = ws.data();
+  call.workspace_bytes = ws_bytes;
+  auto once = [&] { return backward ? call_backward(call, impl, &err) : call_forward(call, impl, &err); };
+
+  release_free_heap();
+  const bool can_reset = dev == Device::Cpu && reset_peak_rss();
+  const int64_t rss_before = rss_bytes();
+  const double first_ms = time_ms(dev, once, &ok);
+  if (can_reset) {
+    row.mem_measured = double(peak_rss_bytes() - rss_before);
+    *measured_rss = true;
+  }
+  const double lse_bytes = backward ? 0.0 : double(c.t.lse_elements()) * 4;  // the backward reads the forward's
+  if (dev == Device::Cuda) {
+    row.mem_model = double(ws_bytes) + lse_bytes;
+    row.mem_measured = double(cuda_used_bytes()) - double(used_before) + lse_bytes;
+  } else if (impl == FA_IMPL_CPU_REFERENCE) {
+    row.mem_model = reference_memory_model(p, c.threads, backward);
+  }
+  row.ran = true;
+  if (!ok) {
+    row.status = err;
+    return row;
+  }
+  double bound_a = o_bound(p.dtype), bound_b = kLseBound;
+  if (!backward) {
+    row.err_a = compare_o(p, c.t.download_o(), c.o_ref, c.check_batch);
+    row.err_b = compare_lse(p, c.t.download_lse(), c.lse_ref, c.check_batch);
+  } else {
+    const double scale = std::max({1.0, max_abs(c.dq_ref), max_abs(c.dk_ref), max_abs(c.dv_ref)});
+    bound_a = bound_b = 10 * o_bound(p.dtype) * scale;
+    row.err_a = compare_o(p, c.t.download(c.t.dq), c.dq_ref, c.check_batch);
+    const Diff dk = compare_k_side(p, c.t.download(c.t.dk), c.dk_ref, c.check_batch);
+    const Diff dv = compare_k_side(p, c.t.download(c.t.dv), c.dv_ref, c.check_batch);
+    row.err_b = {std::max(dk.max_abs, dv.max_abs), dk.non_finite + dv.non_finite};
+  }
+
+  // Timed runs: `repeats`, fewer for a slow implementation (about 2x the budget in all).
+  const int n = std::clamp(int(2e3 * c.o.budget_s / std::max(first_ms, 1e-3)), 1, c.o.repeats);
+  std::vector<double> times;
+  for (int i = 0; i < n && ok; ++i) times.push_back(time_ms(dev, once, &ok));
+  if (!ok) {
+    row.status = err;
+    return row;
+  }
+  row.ms = median(times);
+  row.runs = n;
+  if (!backward) row.io = model_io(impl, c.t, c.blocks);
+  char buf[160];
+  if (row.err_a.non_finite || row.err_b.non_finite) {
+    std::snprintf(buf, sizeof buf, "WRONG: %lld output elements not finite or not written",
+                  (long long)(row.err_a.non_finite + row.err_b.non_finite));
+    row.status = buf;
+  } else if (row.err_a.max_abs > bound_a || row.err_b.max_abs > bound_b) {
+    std::snprintf(buf, sizeof buf, "WRONG: error above the sanity bound (%.0e, %.0e)", bound_a, bound_b);
+    row.status = buf;
+  } else {
+    row.ok = true;
+    row.status = "ok";
+  }
+  return row;
+}
+
+// The table of one pass; false when an implementation failed (an unsupported one of the
+// default list is skipped).
+bool print_rows(const std::vector<Row>& rows, bool backward, bool gpu, bool explicit_impls, double flops) {
+  std::printf("%-34s %10s %9s %22s %14s %11s %11s  %s\n", "implementation", "time ms", gpu ? "TFLOP/s" : "GFLOP/s",
+              gpu ? (backward ? "extra mem (ws/meas)" : "extra mem (ws+lse/meas)") : "extra mem (meas/model)",
+              backward ? "" : "IO model", backward ? "max|dq-ref|" : "max|o-ref|", backward ? "max|dk,dv-r|" : "max|lse-ref|",
+              "status");
+  bool all_ok = true;
+  for (const Row& r : rows) {
+    const bool skipped = !r.ok && !explicit_impls && r.status.rfind("unsupported", 0) == 0;
+    if (!r.ok && !skipped) all_ok = false;
+    const std::string name = std::string(fa_impl_name(r.impl)) + " " + impl_label(r.impl);
+    if (!r.ran || r.runs == 0) {
+      std::printf("%-34s %10s %9s %22s %14s %11s %11s  %s%s\n", name.c_str(), "-", "-", "-", "-", "-", "-",
+                  skipped ? "skipped: " : "FAILED: ", r.status.c_str());
+      continue;
+    }
+    std::string mem = (r.mem_measured >= 0 ? human_bytes(r.mem_measured) : std::string("?")) + " / " +
+                      (r.mem_model >= 0 ? human_bytes(r.mem_model) : std::string("-"));
+    if (gpu) mem = human_bytes(r.mem_model) + " / " + human_bytes(r.mem_measured);
+    const double rate = flops / (r.ms * 1e-3) / (gpu ? 1e12 : 1e9);
+    char ea[32], eb[32];
+    std::snprintf(ea, sizeof ea, "%.2e", r.err_a.max_abs);
+    std::snprintf(eb, sizeof eb, "%.2e", r.err_b.max_abs);
+    std::printf("%-34s %10s %9s %22s %14s %11s %11s  %s\n", name.c_str(), fixed(r.ms, r.ms < 10 ? 3 : 1).c_str(),
+                fixed(rate, 1).c_str(), mem.c_str(), backward ? "" : human_bytes(r.io.bytes).c_str(), ea, eb,
+                r.status.c_str());
+  }
+  return all_ok;
+}
+
 }  // namespace
 
 int cmd_run(const RunOptions& o) {
@@ -110,6 +271,8 @@ int cmd_run(const RunOptions& o) {
   const fa_dtype dtype = o.spec.dtype.empty() ? (dev == Device::Cpu ? FA_FLOAT32 : FA_FLOAT16) : parse_dtype(o.spec.dtype);
   if (o.repeats < 1) throw UsageError("--repeats must be >= 1 (got " + std::to_string(o.repeats) + ")");
   if (!(o.budget_s > 0)) throw UsageError("--budget must be > 0 seconds");
+  if (o.pass != "fwd" && o.pass != "bwd" && o.pass != "both") throw UsageError("--pass: use fwd, bwd or both (got '" + o.pass + "')");
+  const bool do_fwd = o.pass != "bwd", do_bwd = o.pass != "fwd";
   ProblemSpec spec = o.spec;
   if (o.seqlen >= 0) spec.seqlen_q = spec.seqlen_k = o.seqlen;
   fa_params shape = make_params(spec, dtype);
@@ -135,7 +298,9 @@ int cmd_run(const RunOptions& o) {
     std::vector<float> o_ref, lse_ref;
     fa_params r = reference_params(probe, o_ref, lse_ref, 1);
     bool ok = false;
-    const double per_seq = time_ms(Device::Cpu, [&] { return fa_forward(&r, FA_IMPL_CPU_REFERENCE) == FA_OK; }, &ok) / 1e3;
+    // With the backward, the reference also computes gradients (about 2.5x the forward).
+    const double per_seq = time_ms(Device::Cpu, [&] { return fa_forward(&r, FA_IMPL_CPU_REFERENCE) == FA_OK; }, &ok) /
+                           1e3 * (do_bwd ? 3.5 : 1.0);
     // The reference runs one (batch, head) per thread: `batch` sequences take
     // ceil(batch * heads / threads) rounds of what one sequence took in ceil(heads / threads).
     const int64_t h = shape.num_heads, cpu_threads = cpu_count();
@@ -164,14 +329,15 @@ int cmd_run(const RunOptions& o) {
     }
   }
 
-  Tensors t(dev, shape, spec, false);
+  Tensors t(dev, shape, spec, do_bwd);
   const fa_params& p = t.p;
   const double flops = forward_flops(p, t.host_cu_q, t.host_cu_k);
   const int64_t cache = p.cpu_cache_bytes > 0 ? p.cpu_cache_bytes : l2_cache_bytes();
   const int64_t model_m = dev == Device::Cuda ? cuda_smem_per_sm() : cache;
   const Blocks blocks = model_blocks(model_m, p.head_dim);
 
-  std::printf("flashattn run: standard vs flash attention, forward\n");
+  std::printf("flashattn run: standard vs flash attention, %s\n",
+              do_fwd && do_bwd ? "forward and backward" : do_bwd ? "backward" : "forward");
   std::printf("problem : batch %d, seqlen_q %d, seqlen_k %d, heads %d (kv %d), head_dim %d, %s, %s, %s",
               varlen ? p.batch : shape.batch, p.seqlen_q, p.seqlen_k, p.num_heads, p.num_heads_kv, p.head_dim,
               p.causal ? "causal" : "non-causal", fa_dtype_name(p.dtype), layout_note(spec));
@@ -194,110 +360,40 @@ int cmd_run(const RunOptions& o) {
   }
   std::printf("oracle  : fp64 reference (cpu-reference on fp32 copies of the inputs), %s, %d sequence(s) checked\n\n",
               (fixed(ref_ms, 1) + " ms").c_str(), varlen ? p.batch : check_batch);
-
-  std::vector<Row> rows;
-  bool measured_rss = false;
-  for (fa_impl impl : impls) {
-    Row row;
-    row.impl = impl;
-    size_t ws_bytes = 0;
-    fa_status ws_status = fa_workspace_size(&p, impl, 0, &ws_bytes);
-    if (ws_status != FA_OK) {
-      row.status = std::string(fa_status_name(ws_status)) + ": " + fa_last_error();
-      rows.push_back(row);
-      continue;
+  std::vector<float> dq_ref, dk_ref, dv_ref;
+  double ref_bwd_ms = 0;
+  if (do_bwd) {
+    fa_params ref_bwd = reference_backward_params(t, o_ref, lse_ref, dq_ref, dk_ref, dv_ref, check_batch);
+    ref_bwd_ms = time_ms(Device::Cpu, [&] { return call_backward(ref_bwd, FA_IMPL_CPU_REFERENCE, &ref_err); }, &ref_ok);
+    if (!ref_ok) {
+      std::fprintf(stderr, "flashattn run: the fp64 reference backward failed: %s\n", ref_err.c_str());
+      return 1;
     }
-    fa_params call = p;
-    const size_t used_before = dev == Device::Cuda ? cuda_used_bytes() : 0;
-    Buffer ws(dev, ws_bytes);
-    call.workspace = ws.data();
-    call.workspace_bytes = ws_bytes;
-    t.poison_outputs();
-
-    // The checked run, under the memory measurement.
-    release_free_heap();
-    const bool can_reset = dev == Device::Cpu && reset_peak_rss();
-    const int64_t rss_before = rss_bytes();
-    std::string err;
-    bool ok = false;
-    const double first_ms = time_ms(dev, [&] { return call_forward(call, impl, &err); }, &ok);
-    if (can_reset) {
-      row.mem_measured = double(peak_rss_bytes() - rss_before);
-      measured_rss = true;
-    }
-    if (dev == Device::Cuda) {
-      row.mem_model = double(ws_bytes) + double(t.lse_elements()) * 4;
-      row.mem_measured = double(cuda_used_bytes()) - double(used_before) + double(t.lse_elements()) * 4;
-    } else if (impl == FA_IMPL_CPU_REFERENCE) {
-      row.mem_model = reference_memory_model(p, threads);
-    }
-    row.ran = true;
-    if (!ok) {
-      row.status = err;
-      rows.push_back(row);
-      continue;
-    }
-    row.err_o = compare_o(p, t.download_o(), o_ref, check_batch);
-    row.err_lse = compare_lse(p, t.download_lse(), lse_ref, check_batch);
-
-    // Timed runs: `repeats`, fewer for a slow implementation (about 2x the budget in all).
-    const int n = std::clamp(int(2e3 * o.budget_s / std::max(first_ms, 1e-3)), 1, o.repeats);
-    std::vector<double> times;
-    for (int i = 0; i < n && ok; ++i) times.push_back(time_ms(dev, [&] { return call_forward(call, impl, &err); }, &ok));
-    if (!ok) {
-      row.status = err;
-      rows.push_back(row);
-      continue;
-    }
-    row.ms = median(times);
-    row.runs = n;
-    row.io = model_io(impl, t, blocks);
-    char buf[160];
-    if (row.err_o.non_finite || row.err_lse.non_finite) {
-      std::snprintf(buf, sizeof buf, "WRONG: %lld output elements not finite or not written",
-                    (long long)(row.err_o.non_finite + row.err_lse.non_finite));
-      row.status = buf;
-    } else if (row.err_o.max_abs > o_bound(p.dtype) || row.err_lse.max_abs > kLseBound) {
-      std::snprintf(buf, sizeof buf, "WRONG: error above the sanity bound (o %.0e, lse %.0e)", o_bound(p.dtype), kLseBound);
-      row.status = buf;
-    } else {
-      row.ok = true;
-      row.status = "ok";
-    }
-    rows.push_back(row);
   }
+  const Context ctx{dev, t, o, threads, check_batch, blocks, o_ref, lse_ref, dq_ref, dk_ref, dv_ref};
 
-  // The table.
   const bool gpu = dev == Device::Cuda;
-  std::printf("%-34s %10s %9s %22s %14s %11s %11s  %s\n", "implementation", "time ms", gpu ? "TFLOP/s" : "GFLOP/s",
-              gpu ? "extra mem (ws+lse/meas)" : "extra mem (meas/model)", "IO model", "max|o-ref|", "max|lse-ref|",
-              "status");
-  bool all_ok = true, any_failed = false;
-  for (const Row& r : rows) {
-    const bool skipped = !r.ok && !explicit_impls && r.status.rfind("unsupported", 0) == 0;
-    if (!r.ok && !skipped) all_ok = false;
-    if (!r.ok && !skipped) any_failed = true;
-    std::string name = std::string(fa_impl_name(r.impl)) + " " + impl_label(r.impl);
-    if (!r.ran || r.runs == 0) {
-      std::printf("%-34s %10s %9s %22s %14s %11s %11s  %s%s\n", name.c_str(), "-", "-", "-", "-", "-", "-",
-                  skipped ? "skipped: " : "FAILED: ", r.status.c_str());
-      continue;
-    }
-    std::string mem = (r.mem_measured >= 0 ? human_bytes(r.mem_measured) : std::string("?")) + " / " +
-                      (r.mem_model >= 0 ? human_bytes(r.mem_model) : std::string("-"));
-    if (gpu) mem = human_bytes(r.mem_model) + " / " + human_bytes(r.mem_measured);
-    const double rate = flops / (r.ms * 1e-3) / (gpu ? 1e12 : 1e9);
-    char eo[32], el[32];
-    std::snprintf(eo, sizeof eo, "%.2e", r.err_o.max_abs);
-    std::snprintf(el, sizeof el, "%.2e", r.err_lse.max_abs);
-    std::printf("%-34s %10s %9s %22s %14s %11s %11s  %s\n", name.c_str(), fixed(r.ms, r.ms < 10 ? 3 : 1).c_str(),
-                fixed(rate, 1).c_str(), mem.c_str(), human_bytes(r.io.bytes).c_str(), eo, el, r.status.c_str());
+  bool all_ok = true, measured_rss = false;
+  if (do_fwd) {
+    std::vector<Row> rows;
+    for (fa_impl impl : impls) rows.push_back(measure(ctx, impl, false, &measured_rss));
+    all_ok &= print_rows(rows, false, gpu, explicit_impls, flops);
+  }
+  if (do_bwd) {
+    if (do_fwd) std::printf("\n");
+    std::printf("backward (dq, dk, dv from the implementation's own o and lse; oracle: the fp64 reference backward, %s ms)\n",
+                fixed(ref_bwd_ms, 1).c_str());
+    std::vector<Row> rows;
+    for (fa_impl impl : impls) rows.push_back(measure(ctx, impl, true, &measured_rss));
+    all_ok &= print_rows(rows, true, gpu, explicit_impls, 2.5 * flops);
   }
 
   std::printf("\n");
-  const double tensor_bytes = double(dtype_bytes(p.dtype)) * 2 * (q_elements(p) + k_elements(p)) + double(t.lse_elements()) * 4;
-  std::printf("tensors   : q, k, v, o and lse take %s on the %s in every implementation (not counted as extra)\n",
-              human_bytes(tensor_bytes).c_str(), gpu ? "GPU" : "CPU");
+  const double tensor_bytes = double(dtype_bytes(p.dtype)) * (do_bwd ? 4 : 2) * (q_elements(p) + k_elements(p)) +
+                              double(t.lse_elements()) * 4;
+  std::printf("tensors   : %s take %s on the %s in every implementation (not counted as extra)\n",
+              do_bwd ? "q, k, v, o, lse, dout, dq, dk, dv" : "q, k, v, o and lse", human_bytes(tensor_bytes).c_str(),
+              gpu ? "GPU" : "CPU");
   std::printf("time      : median of the timed runs (up to %d, after one checked run), %s\n", o.repeats,
               gpu ? "CUDA events on the default stream" : "wall clock");
   if (gpu) {
@@ -305,8 +401,8 @@ int cmd_run(const RunOptions& o) {
                 "            call measured with cudaMemGetInfo (+ lse), which also counts library handles (cuBLAS)\n");
   } else {
     std::printf("extra mem : measured = growth of the process's peak RSS during the checked run (%s);\n"
-                "            model (standard) = S/P and fp64 copies of q, k, v per (batch, head) in flight,\n"
-                "            one per thread; flash holds O(block) per thread\n",
+                "            model (standard) = S/P (backward: also dS) and fp64 copies of the tensors per (batch,\n"
+                "            head) in flight, one per thread; flash holds O(block) per thread\n",
                 measured_rss ? "VmHWM after clear_refs" : "unavailable here: /proc/self/clear_refs is not writable");
   }
   std::printf("IO model  : bytes to and from main memory by the model of the FlashAttention paper (flashattn io):\n"
@@ -315,10 +411,10 @@ int cmd_run(const RunOptions& o) {
               gpu ? "shared memory per SM" : "--cache-bytes or the L2 size", (long long)blocks.block_r,
               (long long)blocks.block_c);
   std::printf("error     : max abs difference from the fp64 reference on the same inputs (the tests apply the\n"
-              "            anchor rule; here a sanity bound of %.0e on o and %.0e on lse flags a broken run)\n",
-              o_bound(p.dtype), kLseBound);
+              "            anchor rule; here a sanity bound of %.0e on o and %.0e on lse flags a broken run%s)\n",
+              o_bound(p.dtype), kLseBound, do_bwd ? ";\n            gradients: 10x the o bound relative to the largest reference gradient" : "");
   if (!all_ok) {
-    std::printf("\nresult: FAILED (%s)\n", any_failed ? "an implementation failed or gave a wrong result" : "");
+    std::printf("\nresult: FAILED (an implementation failed or gave a wrong result)\n");
     return 1;
   }
   std::printf("\nresult: ok\n");

@@ -41,6 +41,17 @@ has run_features out '^cpu-fa2 .* ok$'
 has run_features out 'B_r = 24, B_c = 43'
 has run_features out '^result: ok$'
 
+# run: forward and backward; the backward table checks dq, dk, dv (GQA sums over the group).
+expect 0 run_backward -- run --device cpu --pass both --batch 2 --seqlen-q 40 --seqlen-k 70 --heads 4 --heads-kv 2 \
+  --head-dim 32 --softcap 5
+has run_backward out '^backward \(dq, dk, dv'
+has run_backward out 'max\|dq-ref\|'
+has run_backward out '^cpu-fa1 .* skipped: unsupported'
+test "$(grep -Ec '^cpu-fa2 .* ok$' "$work/run_backward.out")" = 2 || fail "run_backward: cpu-fa2 not ok in both tables"
+has run_backward out '^result: ok$'
+expect 2 bad_pass -- run --pass sideways
+has bad_pass err -- '--pass'
+
 # run: variable length with an empty sequence.
 expect 0 run_varlen -- run --device cpu --varlen 5,0,17 --varlen-k 9,3,17 --heads 2 --head-dim 8 --impl fa2,standard
 has run_varlen out 'packed varlen'
