@@ -31,17 +31,20 @@ int sm_count() {
 
 int64_t num_rows(const fa_params& p) { return is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q; }
 
-// Split-KV when the (q-block, head, batch) grid leaves SMs idle and the keys are long: about 8
-// CTAs per SM (a CTA of a short q-block is latency-bound, so several waves of them overlap), at
-// least 2 key blocks per split.
+// Split-KV when the (q-block, head, batch) grid leaves SMs idle and the keys are long, or when each
+// sequence is a single q-block over many key blocks (decode-like: every CTA is one long serial,
+// latency-bound loop): about 8 CTAs per SM then, at least 2 key blocks per split.
 int num_splits(const fa_params& p, const FwdConfig& c) {
   const int n_blocks = (p.seqlen_k + c.block_n - 1) / c.block_n;
   const int max_splits = std::min({kMaxSplits, std::max(n_blocks, 1), 65535 / std::max(p.batch, 1)});
   if (p.num_splits >= 1) return std::clamp(p.num_splits, 1, max_splits);
-  const int64_t ctas = int64_t(p.batch) * p.num_heads * ((p.seqlen_q + c.block_m - 1) / c.block_m);
-  const int sms = sm_count();
-  if (ctas == 0 || ctas >= int64_t(0.8 * sms)) return 1;
-  const int want = int((8 * int64_t(sms) + ctas - 1) / ctas);
+  const int m_blocks = (p.seqlen_q + c.block_m - 1) / c.block_m;
+  const int64_t ctas = int64_t(p.batch) * p.num_heads * m_blocks;
+  const int64_t sms = sm_count(), target = 8 * sms;
+  const bool fills = ctas >= int64_t(0.8 * double(sms));
+  const bool decode_like = m_blocks == 1 && n_blocks >= 16 && ctas < target;
+  if (ctas == 0 || (fills && !decode_like)) return 1;
+  const int want = int((target + ctas - 1) / ctas);
   const int splits = std::min({want, n_blocks / 2, max_splits});
   return splits >= 2 ? splits : 1;
 }

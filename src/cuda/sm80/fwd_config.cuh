@@ -31,13 +31,13 @@ constexpr int kMaxSmemSm80 = 163 * 1024;
 // clang-format off
 constexpr FwdConfig kFwdConfigs[] = {
     // 32 rows per warp: each k/v fragment read from shared memory feeds 2 m-tiles.
-    {32,  128, 64, 4, 2},  // 40 KB: small tiles, several CTAs per SM hide the loads
+    {32,  128, 64, 4, 2},  // 24 KB, 96 accumulators: 179 registers, 2 CTAs per SM
     {64,  128, 128, 4, 2}, // 80 KB, 192 accumulators: H100 16k 330 TFLOP/s vs 320 (block_n 96), 300 (64)
-    {96,  128, 64, 4, 2},  // 72 KB, 160 accumulators
+    {96,  128, 64, 4, 2},  // 72 KB, 160 accumulators: the d128 shape with 3/4 of the k-steps
     {128, 128, 64, 4, 2},  // 96 KB, 192 accumulators, 2 CTAs/SM: H100 16k 366 vs 353 (block_n 48), 336 (32), 277 (128x128, 8 warps)
     // 16 rows per warp: o alone is head_dim / 2 registers.
-    {192, 128, 64, 8, 1},  // 96 KB, 8 warps: 2 CTAs per H100 SM
-    {256, 128, 64, 8, 1},  // 128 KB, 8 warps: o is 128 registers, no room for a second k/v stage on the A100
+    {192, 128, 64, 8, 1},  // 96 KB, 8 warps of 255 registers: 1 CTA per SM, so 1 stage is enough smem
+    {256, 128, 64, 8, 1},  // 128 KB, 8 warps: o is 128 registers; a second k/v stage would not fit the A100
 };
 // clang-format on
 // Each entry fits the A100's shared memory and leaves >= 60 of 255 registers beyond its accumulators.
