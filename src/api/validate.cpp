@@ -47,6 +47,30 @@ Status check_strides(const char* name, int64_t bs, int64_t rs, int64_t hs) {
   return {};
 }
 
+// An output's elements must be distinct memory locations. Taking the axes of more than one element
+// in order of stride, each must step past everything the smaller ones span (sufficient, and true of
+// every BSHD / BHSD / padded / packed layout).
+Status check_distinct_elements(const char* name, int64_t nb, int64_t bs, int64_t rows, int64_t rs, int64_t heads,
+                               int64_t hs, int64_t d) {
+  struct Axis {
+    int64_t size, stride;
+  };
+  if (nb <= 0 || rows <= 0 || heads <= 0 || d <= 0) return {};  // no element
+  std::vector<Axis> axes;
+  for (Axis a : {Axis{nb, bs}, Axis{rows, rs}, Axis{heads, hs}, Axis{d, 1}})
+    if (a.size > 1) axes.push_back(a);
+  std::sort(axes.begin(), axes.end(), [](const Axis& a, const Axis& b) { return a.stride < b.stride; });
+  int64_t span = 0;  // last offset reachable by the axes so far
+  for (const Axis& a : axes) {
+    if (a.stride <= span)
+      return invalid("%s: its strides (batch %lld, row %lld, head %lld) make elements overlap in memory (an output needs one "
+                     "location per element)",
+                     name, (long long)bs, (long long)rs, (long long)hs);
+    span += (a.size - 1) * a.stride;
+  }
+  return {};
+}
+
 Status check_cu_seqlens(const char* name, const int32_t* cu, int32_t batch, int64_t total, int32_t max_len) {
   if (cu[0] != 0) return invalid("%s[0] must be 0 (got %d)", name, cu[0]);
   for (int32_t b = 0; b < batch; ++b) {
@@ -129,7 +153,14 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
     FA_RETURN_IF_ERROR(check_cu_seqlens("cu_seqlens_k", p.cu_seqlens_k, p.batch, p.total_k, p.seqlen_k));
   }
 
-  // Outputs must not overlap inputs or each other.
+  // Outputs must not overlap themselves, inputs or each other.
+  if (pass == Pass::Forward) {
+    FA_RETURN_IF_ERROR(check_distinct_elements("o", nbatch, p.o_batch_stride, rows_q, p.o_row_stride, p.num_heads, p.o_head_stride, p.head_dim));
+  } else {
+    FA_RETURN_IF_ERROR(check_distinct_elements("dq", nbatch, p.dq_batch_stride, rows_q, p.dq_row_stride, p.num_heads, p.dq_head_stride, p.head_dim));
+    FA_RETURN_IF_ERROR(check_distinct_elements("dk", nbatch, p.dk_batch_stride, rows_k, p.dk_row_stride, p.num_heads_kv, p.dk_head_stride, p.head_dim));
+    FA_RETURN_IF_ERROR(check_distinct_elements("dv", nbatch, p.dv_batch_stride, rows_k, p.dv_row_stride, p.num_heads_kv, p.dv_head_stride, p.head_dim));
+  }
   const size_t es = dtype_size(p.dtype);
   const int64_t d = p.head_dim, h = p.num_heads, hk = p.num_heads_kv;
   struct Named {
