@@ -299,7 +299,15 @@ std::vector<Case> correctness_cases() {
       Case s;  // split-KV by the heuristic: few q-blocks, long keys (decode-like, GQA)
       s.dtype = dt, s.d = d, s.sq = 1, s.sk = 5000, s.h = 8, s.hk = 2, s.batch = 1;
       cases.push_back(s);
-      s.sq = 64, s.causal = true;
+      s.causal = true;  // one query row: causal masks nothing (the GQA decode view drops it)
+      cases.push_back(s);
+      s.causal = false, s.wl = 700;  // window_left masks the one row: no GQA decode view
+      cases.push_back(s);
+      s.wl = -1, s.wr = 0, s.pad = 3, s.lse = false;  // decode view over unaligned strides
+      cases.push_back(s);
+      s.wr = -1, s.pad = 0, s.lse = true, s.splits = 1, s.batch = 3;  // decode view without splits
+      cases.push_back(s);
+      s.splits = 0, s.batch = 1, s.sq = 64, s.causal = true;
       cases.push_back(s);
     }
   }
@@ -366,7 +374,7 @@ void time_sweep(const char* device_name) {
     const float ms = time_ms([&] { cuda::sm80_forward(pr.p); }, 30);
     const double bytes = 2.0 * b * sk * 8 * 128 * 2;
     std::printf("decode b %d sk %6d: %.4f ms, %.2f TB/s (splits %d)\n", b, sk, ms, bytes / (ms * 1e-3) / 1e12,
-                num_splits(pr.p, sm80::fwd_config(128)));
+                num_splits(gqa_decode_view(pr.p), sm80::fwd_config(128)));
   }
 }
 

@@ -101,15 +101,34 @@ FwdParams make_params(const fa_params& p, int splits) {
   return f;
 }
 
+// Decode with GQA (one query row, num_heads / num_heads_kv > 1): the q heads of a kv head become the
+// rows of one q-block, so each k/v block is read once per kv head instead of once per q head
+// (the same tensors seen with other strides: row i of kv head hk is q head hk * group + i).
+// A single query row is masked only by window_left, which this view would shift, so it is excluded.
+fa_params gqa_decode_view(const fa_params& p) {
+  const int group = p.num_heads / p.num_heads_kv;
+  if (p.seqlen_q != 1 || group == 1 || is_varlen(p) || p.window_left >= 0) return p;
+  fa_params v = p;
+  v.seqlen_q = group;
+  v.num_heads = p.num_heads_kv;
+  v.causal = 0;  // with one query row every key is at or before the diagonal
+  v.window_right = -1;
+  v.q_row_stride = p.q_head_stride, v.q_head_stride = int64_t(group) * p.q_head_stride;
+  v.o_row_stride = p.o_head_stride, v.o_head_stride = int64_t(group) * p.o_head_stride;
+  return v;  // lse (batch, heads, 1) is (batch, heads_kv, group) with the same indices
+}
+
 }  // namespace
 
-size_t sm80_forward_workspace(const fa_params& p) {
+size_t sm80_forward_workspace(const fa_params& params) {
+  const fa_params p = gqa_decode_view(params);
   const int kernel_head_dim = sm80::fwd_kernel_head_dim(p.head_dim);
   if (kernel_head_dim == 0 || p.batch == 0) return 0;
   return partial_bytes(p, num_splits(p, sm80::fwd_config(kernel_head_dim)));
 }
 
-Status sm80_forward(const fa_params& p) {
+Status sm80_forward(const fa_params& params) {
+  const fa_params p = gqa_decode_view(params);
   if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16)
     return unsupported("dtype %s: flashattn-sm80 computes in fp16 or bf16", fa_dtype_name(p.dtype));
   const int kernel_head_dim = sm80::fwd_kernel_head_dim(p.head_dim);
