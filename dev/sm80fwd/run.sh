@@ -12,10 +12,12 @@ BUILD=${BUILD:-/tmp/sm80fwd-build}
 mkdir -p "$OUT" "$BUILD"
 
 # Candidate configs {head_dim, block_m, block_n, warps, stages}, timed beside the table's.
+# CAND=0 times the table alone.
 CANDIDATES=(
   "128,128,128,8,2" "128,128,48,4,2" "128,128,32,4,2"
   "64,128,64,4,2" "64,128,96,4,2"
 )
+[ "${CAND:-1}" = 0 ] && CANDIDATES=()
 
 NVCC=(nvcc -std=c++20 -O3 --expt-relaxed-constexpr -diag-suppress 20012 -lineinfo -Xptxas=-v,-warn-spills
       -gencode "arch=compute_${ARCH},code=sm_${ARCH}" -I src -I include -I .)
