@@ -58,7 +58,7 @@ Status run_fwd(const fa_params& p) {
   fp.num_m_blocks = int32_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
   const int64_t num_bh = int64_t(p.batch) * p.num_heads;
   const int64_t num_tiles = num_bh * fp.num_m_blocks;
-  if (num_tiles >= (int64_t(1) << 31)) return unsupported("flashattn-sm90: %lld tiles", (long long)num_tiles);
+  if (num_tiles >= (int64_t(1) << 31) - (int64_t(1) << 16)) return unsupported("flashattn-sm90: %lld tiles", (long long)num_tiles);
   fp.num_tiles = int32_t(num_tiles);
 
   DeviceInfo dev;

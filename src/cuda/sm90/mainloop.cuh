@@ -47,7 +47,9 @@ struct Producer {
                              SharedStorage<T>& smem, const FwdParams& p) {
     PipelineState<T::kStages> pipe;
     uint32_t q_phase = 0;
-    for (int32_t t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+    for (int32_t r = 0; r * int32_t(gridDim.x) < p.num_tiles; ++r) {
+      const int32_t t = tile_of_round(r);
+      if (t >= p.num_tiles) continue;
       const Tile tile = decode_tile(t, p);
       if (!tile.valid) continue;
       const int32_t batch_coord = p.cu_seqlens_q ? 0 : tile.batch;
@@ -209,7 +211,10 @@ struct Consumer {
     }
   }
 
+  // Skipped when no row of the warp has a new max (corr = 1 exactly, the common case after the
+  // first blocks): this runs on the critical path between the wait for O += P v and the next issue.
   __device__ __forceinline__ void rescale_o(const float (&corr)[2]) {
+    if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n)
 #pragma unroll
