@@ -10,6 +10,9 @@
 // 2. Time (median and best of R runs after a warm-up) of FA2 forward (non-causal, causal),
 //    backward, FA1 forward and the reference, batch 1, fp32, (seqlen, heads, head_dim).
 //    FLOPs: forward 4 * b * h * s_q * s_k * d, halved when causal; backward 2.5x forward.
+//    Also FLOPs per process CPU second times the threads: what the threads did while they ran,
+//    the rate a machine free of other programs would give (wall time is the figure that counts;
+//    this one tells how much of a shortfall comes from sharing the cores).
 // 3. Peak extra memory at --memory-seqlen: each implementation runs in a child process; extra =
 //    the child's peak RSS (getrusage ru_maxrss) minus its RSS after the inputs were allocated
 //    and touched. Also the bytes of the score matrix the standard algorithm materializes.
@@ -17,6 +20,8 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,18 +47,27 @@ typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float))));
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// Clock in GHz from the latency of dependent FMAs (assumed 4 cycles).
+// CPU seconds of this thread / of the whole process (all threads): unlike wall time, they do not
+// grow while other programs hold the cores.
+double cpu_seconds(clockid_t id) {
+  timespec ts{};
+  clock_gettime(id, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Clock in GHz from the latency of dependent FMAs (assumed 4 cycles), timed in this thread's CPU
+// time so that time slices given to other programs do not count.
 double measure_clock_ghz() {
   vfloat a = vfloat{} + 1.0000001f, b = vfloat{} + 1e-7f, c = vfloat{};
   const long n = 200'000'000;
   double best = 0;
   for (int trial = 0; trial < 3; ++trial) {
-    double t0 = now();
+    double t0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
     for (long i = 0; i < n; ++i) {
       c = a * c + b;
       asm volatile("" : "+x"(c));
     }
-    double t = now() - t0;
+    double t = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - t0;
     best = std::max(best, 4.0 * n / t * 1e-9);
   }
   if (c[0] == 42.f) std::printf(" ");
@@ -116,18 +130,21 @@ struct Problem {
 
 struct Timing {
   double median_s, best_s;
+  double cpu_s;  // median process CPU seconds per call (all threads; spinning OpenMP waits included)
 };
 
 Timing time_it(const std::function<void()>& fn, int reps) {
   fn();  // warm-up
-  std::vector<double> t;
+  std::vector<double> t, c;
   for (int r = 0; r < reps; ++r) {
-    double t0 = now();
+    double t0 = now(), c0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
     fn();
     t.push_back(now() - t0);
+    c.push_back(cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0);
   }
   std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], t[0]};
+  std::sort(c.begin(), c.end());
+  return {t[t.size() / 2], t[0], c[c.size() / 2]};
 }
 
 void check(fa_status s) {
@@ -237,7 +254,7 @@ int main(int argc, char** argv) {
               " measured FMA throughput %.1f GFLOP/s\n", ghz, kLanes, ghz, threads, peak, fma_gflops);
   std::printf("problem: fp32, batch 1, heads %d, seqlen %d, head_dim %d; cache budget M %lld bytes (0: L2)\n\n", heads,
               seqlen, head_dim, cache_bytes);
-  std::printf("%-26s %12s %12s %12s %9s\n", "impl", "median ms", "best ms", "GFLOP/s", "% peak");
+  std::printf("%-26s %12s %12s %12s %9s %16s\n", "impl", "median ms", "best ms", "GFLOP/s", "% peak", "GFLOP/cpu-s x T");
 
   Problem pr(seqlen, heads, head_dim, threads);
   pr.p.cpu_cache_bytes = cache_bytes;
@@ -249,8 +266,9 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   auto run = [&](const std::string& name, double flops, int n, const std::function<void()>& fn) {
     Row r{name, flops, time_it(fn, n)};
-    std::printf("%-26s %12.2f %12.2f %12.1f %8.1f%%\n", name.c_str(), r.t.median_s * 1e3, r.t.best_s * 1e3,
-                flops / r.t.median_s * 1e-9, 100.0 * flops / r.t.median_s * 1e-9 / peak);
+    std::printf("%-26s %12.2f %12.2f %12.1f %8.1f%% %16.1f\n", name.c_str(), r.t.median_s * 1e3, r.t.best_s * 1e3,
+                flops / r.t.median_s * 1e-9, 100.0 * flops / r.t.median_s * 1e-9 / peak,
+                flops / r.t.cpu_s * 1e-9 * threads);
     std::fflush(stdout);
     rows.push_back(r);
   };
@@ -294,7 +312,8 @@ int main(int argc, char** argv) {
       const Row& r = rows[i];
       f << "    {\"impl\": \"" << r.name << "\", \"median_ms\": " << r.t.median_s * 1e3 << ", \"best_ms\": "
         << r.t.best_s * 1e3 << ", \"gflops\": " << r.flops / r.t.median_s * 1e-9 << ", \"gflops_best\": "
-        << r.flops / r.t.best_s * 1e-9 << ", \"fraction_of_peak\": " << r.flops / r.t.median_s * 1e-9 / peak << "}"
+        << r.flops / r.t.best_s * 1e-9 << ", \"fraction_of_peak\": " << r.flops / r.t.median_s * 1e-9 / peak << ", \"cpu_s\": " << r.t.cpu_s
+        << ", \"gflops_per_cpu_s_times_threads\": " << r.flops / r.t.cpu_s * 1e-9 * threads << "}"
         << (i + 1 < rows.size() ? ",\n" : "\n");
     }
     f << "  ],\n  \"backward_over_forward\": " << bwd->t.median_s / fwd->t.median_s;
