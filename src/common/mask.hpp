@@ -19,7 +19,7 @@ struct Mask {
   int32_t seqlen_q = 0, seqlen_k = 0;
   int32_t left = -1, right = -1;  // -1: unbounded; causal sets right = 0
 
-  FA_HOST_DEVICE Mask() = default;
+  Mask() = default;
   FA_HOST_DEVICE Mask(int32_t sq, int32_t sk, bool causal, int32_t window_left, int32_t window_right)
       : seqlen_q(sq), seqlen_k(sk), left(window_left), right(window_right) {
     if (causal) right = 0;
