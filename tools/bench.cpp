@@ -34,8 +34,8 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
   b->add_option("--pass", o.passes, "fwd, bwd or both (comma-separated)")->delimiter(',')->capture_default_str();
   b->add_option("--impl", o.impls, "implementations (default: the device's flash implementations)")->delimiter(',');
   b->add_option("--file", o.file,
-                "shapes, one per line as key=value pairs (batch seqlen seqlen_q seqlen_k heads heads_kv head_dim "
-                "causal dtype); unset keys take the flags' first value; # starts a comment");
+                "shapes, one per line as key=value pairs (batch seqlen seqlen_q seqlen_k heads head_dim causal "
+                "dtype); unset keys take the flags' first value; # starts a comment");
   b->add_option("--json", o.json, "append one JSON object per measurement to this file");
   b->add_option("--device", o.device, "auto | cpu | cuda")->capture_default_str();
   b->add_option("--repeats", o.repeats, "timed runs per point (median; fewer when a run is slow)")->capture_default_str();
@@ -122,7 +122,10 @@ std::vector<Shape> make_shapes(const BenchOptions& o, Device dev) {
           else if (key == "heads") s.heads = std::stoi(val);
           else if (key == "head_dim") s.head_dim = std::stoi(val);
           else if (key == "causal") s.causal = causal_values(val).at(0);
-          else if (key == "dtype") s.dtype = val, parse_dtype(val);
+          else if (key == "dtype") {
+            parse_dtype(val);
+            s.dtype = val;
+          }
           else throw UsageError("--file line " + std::to_string(lineno) + ": unknown key '" + key + "'");
         } catch (const std::invalid_argument&) {
           throw UsageError("--file line " + std::to_string(lineno) + ": '" + val + "' is not a number");
