@@ -2,10 +2,9 @@
 # The Hopper forward's device run, one command: build the dev harness with parallel nvcc, check
 # it against the fp64 reference on many shapes, run compute-sanitizer on small shapes, time the
 # standard sweep. Logs go to $OUT. Usage (repository root):
-#   dev/sm90/run.sh [check] [sanitize] [bench] [ncu] [pingpong] [bn128] [nosnake]
-# pingpong / bn128 / nosnake rebuild the kernels with a dev switch of src/cuda/sm90 flipped
-# (ping-pong on; block_n 128 for head_dim 128; plain round-robin tiles), check that build and
-# time it, for docs/sm90.md;
+#   dev/sm90/run.sh [check] [sanitize] [bench] [ncu] [pingpong] [bn128]
+# pingpong / bn128 rebuild the kernels with a dev switch of src/cuda/sm90/params.cuh flipped
+# (ping-pong on; block_n 128 for head_dim 128), check that build and time it, for docs/sm90.md;
 # ncu profiles head_dim 128, seqlen 16k, non-causal.
 set -u
 OUT=${OUT:-/tmp/sm90-out}
@@ -29,9 +28,8 @@ start=$(date +%s)
 build $B
 [[ " $STEPS " == *" pingpong "* ]] && build $B/pingpong -DFLASHATTN_SM90_PINGPONG=1
 [[ " $STEPS " == *" bn128 "* ]] && build $B/bn128 -DFLASHATTN_SM90_HDIM128_BLOCK_N=128
-[[ " $STEPS " == *" nosnake "* ]] && build $B/nosnake -DFLASHATTN_SM90_SNAKE=0
 wait
-for dir in $B $B/pingpong $B/bn128 $B/nosnake; do
+for dir in $B $B/pingpong $B/bn128; do
   [ -f $dir/harness.o ] || continue
   cat $dir/*.log >> "$OUT/build.log"
   nvcc -gencode=arch=compute_90a,code=sm_90a $dir/*.o -o $dir/sm90_harness -Xcompiler -fopenmp 2>&1 | tee -a "$OUT/build.log"
@@ -49,7 +47,7 @@ for step in $STEPS; do
         echo "$tool: rc=$? $(tail -2 "$OUT/$tool.log" | tr '\n' ' ')"
       done ;;
     bench) timeout 150 $B/sm90_harness bench sm90 2>&1 | tee "$OUT/bench.log" ;;
-    pingpong | bn128 | nosnake)
+    pingpong | bn128)
       timeout 120 $B/$step/sm90_harness check 2>&1 | tail -1
       timeout 150 $B/$step/sm90_harness bench $step 2>&1 | tee "$OUT/bench_$step.log" ;;
     ncu) timeout 120 ncu --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     PipelineState<T::kStages> pipe;
     uint32_t q_phase = 0;
     for (int32_t r = 0; r * int32_t(gridDim.x) < p.num_tiles; ++r) {
-      const int32_t t = tile_of_round(r);
+      const int32_t t = tile_of_round(r, p);
       if (t >= p.num_tiles) continue;
       const Tile tile = decode_tile(t, p);
       if (!tile.valid) continue;

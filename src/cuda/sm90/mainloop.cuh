@@ -48,7 +48,7 @@ struct Producer {
     PipelineState<T::kStages> pipe;
     uint32_t q_phase = 0;
     for (int32_t r = 0; r * int32_t(gridDim.x) < p.num_tiles; ++r) {
-      const int32_t t = tile_of_round(r);
+      const int32_t t = tile_of_round(r, p);
       if (t >= p.num_tiles) continue;
       const Tile tile = decode_tile(t, p);
       if (!tile.valid) continue;

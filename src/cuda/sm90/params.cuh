@@ -37,6 +37,7 @@ struct FwdParams {
   int32_t num_m_blocks;  // ceil(seqlen_q / block_m)
   int32_t num_tiles;     // num_m_blocks * batch * num_heads
   int32_t heads_per_section;  // (batch, head) pairs whose k, v share L2 (the scheduler's swizzle)
+  int32_t snake_order;        // rounds of tiles alternate direction (scheduler.cuh)
 };
 
 // Tile configuration per head dim: block_m = 128 rows of q (two consumer warpgroups of 64 rows),

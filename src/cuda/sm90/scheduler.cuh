@@ -2,7 +2,8 @@
 // r * grid ... r * grid + grid - 1, CTA c the c-th of them in even rounds and the c-th from the
 // end in odd rounds (a snake draft). With the tiles sorted longest first (causal) this evens out
 // the work per CTA: plain round-robin gives CTA 0 the longest tile of every round when the
-// number of m_blocks is close to the grid size (1.8x the mean at seqlen 16k).
+// number of m_blocks is close to the grid size (1.8x the mean at seqlen 16k). The host turns it
+// on per problem (FwdParams::snake_order).
 //
 // A tile is (m_block, batch, head). Tiles are grouped in sections of heads_per_section
 // (batch, head) pairs whose k and v fit in L2 together; inside a section the m_block index is the
@@ -14,14 +15,7 @@
 #include "common/mask.hpp"
 #include "cuda/sm90/params.cuh"
 
-// Dev switch: the snake order of the rounds (off: plain round-robin).
-#ifndef FLASHATTN_SM90_SNAKE
-#define FLASHATTN_SM90_SNAKE 1
-#endif
-
 namespace flashattn::cuda::sm90 {
-
-constexpr bool kSnakeOrder = FLASHATTN_SM90_SNAKE;
 
 struct Tile {
   int32_t m_block, batch, head;
@@ -31,8 +25,8 @@ struct Tile {
 };
 
 // The tile of this CTA in round r (>= num_tiles: none in this round).
-__device__ __forceinline__ int32_t tile_of_round(int32_t r) {
-  const int32_t c = kSnakeOrder && (r & 1) ? int32_t(gridDim.x) - 1 - int32_t(blockIdx.x) : int32_t(blockIdx.x);
+__device__ __forceinline__ int32_t tile_of_round(int32_t r, const FwdParams& p) {
+  const int32_t c = p.snake_order && (r & 1) ? int32_t(gridDim.x) - 1 - int32_t(blockIdx.x) : int32_t(blockIdx.x);
   return r * int32_t(gridDim.x) + c;
 }
 
