@@ -89,6 +89,9 @@ bool sm90_supports(const fa_params& p) {
     default: break;
   }
   if (!built) return false;
+  // The softmax takes the row max of the raw scores and scales it after: right for scale > 0
+  // (and with softcap, which is applied first). A negative scale goes to sm80.
+  if (p.softmax_scale < 0.f && p.softcap <= 0.f) return false;
   // TMA: 16-byte aligned bases and strides. The epilogue's stores need the same of o.
   if (!sm90::aligned16(p.q) || !sm90::aligned16(p.k) || !sm90::aligned16(p.v) || !sm90::aligned16(p.o)) return false;
   const bool varlen = is_varlen(p);
