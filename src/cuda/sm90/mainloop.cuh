@@ -3,7 +3,8 @@
 // O += P v with wgmma, the online softmax between the two in registers.
 //
 //   producer:  q | k0 v0 | k1 v1 | k2 v2 ...          (waits on *_empty, arms *_full with bytes)
-//   consumer:  wait k_full -> S = q k^T -> free k -> softmax -> wait v_full -> O += P v -> free v
+//   consumer:  issue S(n) and O += P(n+1) v(n+1) -> wait S(n), free k -> softmax(n)
+//              -> wait O, free v -> rescale O, P(n) to registers -> issue S(n-1), O += P(n) v(n) ...
 //
 // Key blocks run from the last to the first, so the blocks that need element masking (the
 // diagonal for causal, the end of the sequence) come first.
