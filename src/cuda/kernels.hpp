@@ -10,7 +10,7 @@
 namespace flashattn::cuda {
 
 // Standard attention: S = QK^T and O = PV through cuBLAS, a softmax kernel between. The workspace
-// holds S/P (batch * num_heads * seqlen_q * seqlen_k fp32) and is the O(N^2) memory of the seeds.
+// holds S (fp32) and P (the input dtype), batch * num_heads * seqlen_q * seqlen_k each, and is the O(N^2) memory of the seeds.
 size_t standard_forward_workspace(const fa_params& p);
 Status standard_forward(const fa_params& p);
 
