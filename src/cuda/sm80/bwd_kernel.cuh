@@ -225,6 +225,48 @@ __global__ void __launch_bounds__(256) bwd_convert_dq_kernel(const BwdParams p) 
 
 // ---------------------------------------------------------------------------------------------
 // 2. The main kernel.
+
+// The element mask of a boundary block for one thread's fragment: key row row0 (+8), query column
+// col0 + nt * 8 (+1) in block coordinates; visible iff lo <= row - col <= hi, row < rows_k, col < cols_q.
+struct BandMask {
+  int row0, col0, lo, hi, rows_k, cols_q;
+  __device__ __forceinline__ bool visible(int row, int col) const {
+    return row - col >= lo && row - col <= hi && row < rows_k && col < cols_q;
+  }
+};
+
+// P^T = exp2(S^T * scale * log2 e - lse * log2 e) and dS^T = P^T * (dP^T - D) [* (1 - tanh^2)] in place
+// of s and dp (n8 tiles x 4 fragment elements: element e is row row0 + 8 (e / 2), column + e % 2).
+// kGeneral = false is the common path (no softcap, interior block): no per-element branch.
+// lse_cols, dsum_cols: lse and D of the thread's columns (shared memory, + nt * 8 + {0, 1}).
+template <bool kGeneral, int kTiles>
+__device__ __forceinline__ void probs_and_grads(float (&s)[kTiles][4], float (&dp)[kTiles][4], const float* lse_cols,
+                                                const float* dsum_cols, const BwdParams& p, const BandMask& band,
+                                                bool masked) {
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt) {
+    const float2 l = *reinterpret_cast<const float2*>(lse_cols + nt * 8);
+    const float2 dd = *reinterpret_cast<const float2*>(dsum_cols + nt * 8);
+    const float lse_log2[2] = {l.x * kLog2e, l.y * kLog2e}, dsum[2] = {dd.x, dd.y};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = e & 1;
+      float pv, ds;
+      if (kGeneral && p.softcap > 0.f) {
+        const float th = tanhf(s[nt][e] * p.softcap_inv);
+        pv = exp2_fast(p.softcap * kLog2e * th - lse_log2[j]);
+        ds = pv * (dp[nt][e] - dsum[j]) * (1.f - th * th);
+      } else {
+        pv = exp2_fast(s[nt][e] * p.scale_log2 - lse_log2[j]);
+        ds = pv * (dp[nt][e] - dsum[j]);
+      }
+      if (kGeneral && masked && !band.visible(band.row0 + 8 * (e >> 1), band.col0 + nt * 8 + j)) pv = ds = 0.f;
+      s[nt][e] = pv;
+      dp[nt][e] = ds;
+    }
+  }
+}
+
 template <class T, int kHeadDim>
 struct BwdTraits {
   static constexpr BwdConfig kConfig = bwd_config(kHeadDim);
@@ -242,7 +284,8 @@ struct BwdTraits {
 };
 
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T, kHeadDim>::kConfig.ctas_per_sm) bwd_main_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T, kHeadDim>::kConfig.ctas_per_sm)
+    bwd_main_kernel(const BwdParams p) {
   using Tr = BwdTraits<T, kHeadDim>;
   using TileKV = typename Tr::TileKV;
   using TileQ = typename Tr::TileQ;
@@ -369,13 +412,14 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
       for (int nt = 0; nt < kMTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+      constexpr int kNp = kChunkM / 16;
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         uint32_t a_k[4], a_v[4];
         ldsm_x4(a_k, sK_addr + cur_kv_a.at(0, kk * 16));
         ldsm_x4(a_v, sV_addr + cur_kv_a.at(0, kk * 16));
 #pragma unroll
-        for (int np = 0; np < kChunkM / 16; ++np) {
+        for (int np = 0; np < kNp; ++np) {
           uint32_t b_q[4], b_do[4];
           ldsm_x4(b_q, q_s + cur_q_b.at(c0 + np * 16, kk * 16));
           ldsm_x4(b_do, do_s + cur_q_b.at(c0 + np * 16, kk * 16));
@@ -386,58 +430,52 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
         }
       }
 
-      // P^T and dS^T in place of S^T and dP^T. Element (nt, e): key row warp_row + g + 8 (e / 2),
-      // query column c0 + nt * 8 + 2t + e % 2.
+      // P^T and dS^T in place of S^T and dP^T.
+      const BandMask band{warp_row + g, c0 + 2 * t, band_lo, band_hi, rows_k, cols_q};
+      const float* lse_cols = lse_s + c0 + 2 * t;  // this thread's query columns: + nt * 8 + {0, 1}
+      const float* dsum_cols = dsum_s + c0 + 2 * t;
+      if (need_mask || p.softcap > 0.f) probs_and_grads<true>(s, dp, lse_cols, dsum_cols, p, band, need_mask);
+      else probs_and_grads<false>(s, dp, lse_cols, dsum_cols, p, band, false);
+
+      // Packed once: A fragments of dV += P^T dO_i and dK += dS^T Q_i, and dS^T for dQ in shared memory.
+      uint32_t a_p[kNp][4], a_ds[kNp][4];
 #pragma unroll
-      for (int nt = 0; nt < kMTiles; ++nt) {
+      for (int ks = 0; ks < kNp; ++ks) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = c0 + nt * 8 + 2 * t + (e & 1), row = warp_row + g + 8 * (e >> 1);
-          const float lse_log2 = lse_s[col] * kLog2e;
-          float pv, ds;
-          if (p.softcap > 0.f) {
-            const float th = tanhf(s[nt][e] * p.softcap_inv);
-            pv = exp2_fast(p.softcap * kLog2e * th - lse_log2);
-            ds = pv * (dp[nt][e] - dsum_s[col]) * (1.f - th * th);
-          } else {
-            pv = exp2_fast(s[nt][e] * p.scale_log2 - lse_log2);
-            ds = pv * (dp[nt][e] - dsum_s[col]);
-          }
-          if (need_mask && !(row - col >= band_lo && row - col <= band_hi && row < rows_k && col < cols_q))
-            pv = ds = 0.f;
-          s[nt][e] = pv;
-          dp[nt][e] = ds;
+        for (int half = 0; half < 2; ++half) {
+          const int nt = 2 * ks + half;
+          a_p[ks][2 * half] = pack2<T>(s[nt][0], s[nt][1]);
+          a_p[ks][2 * half + 1] = pack2<T>(s[nt][2], s[nt][3]);
+          a_ds[ks][2 * half] = pack2<T>(dp[nt][0], dp[nt][1]);
+          a_ds[ks][2 * half + 1] = pack2<T>(dp[nt][2], dp[nt][3]);
         }
       }
-
-      // dS^T to shared memory for dQ (the same rounded values dK uses).
 #pragma unroll
       for (int nt = 0; nt < kMTiles; ++nt) {
         const int row = warp_row + g;
-        *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row, c0 + nt * 8) + 2 * t) = pack2<T>(dp[nt][0], dp[nt][1]);
+        *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row, c0 + nt * 8) + 2 * t) = a_ds[nt / 2][2 * (nt % 2)];
         *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(row + 8, c0 + nt * 8) + 2 * t) =
-            pack2<T>(dp[nt][2], dp[nt][3]);
+            a_ds[nt / 2][2 * (nt % 2) + 1];
       }
 
-      // dV += P^T dO_i and dK += dS^T Q_i: A from the registers above, B = dO_i / Q_i [q][d] (.trans).
+      // dV += P^T dO_i and dK += dS^T Q_i, B = dO_i / Q_i [q][d] (.trans), the next step's B loading
+      // while this step's mma run.
+      constexpr int kDNp = kDimPart / 16, kKvSteps = kNp * kDNp;
+      uint32_t b_dot[2][4], b_qt[2][4];
+      auto load_kv = [&](int step, int st) {
+        const int ks = step / kDNp, np = step % kDNp;
+        ldsm_x4_trans(b_dot[st], do_s + cur_q_bt.at(c0 + ks * 16, d0 + np * 16));
+        ldsm_x4_trans(b_qt[st], q_s + cur_q_bt.at(c0 + ks * 16, d0 + np * 16));
+      };
+      load_kv(0, 0);
 #pragma unroll
-      for (int ks = 0; ks < kChunkM / 16; ++ks) {
-        const uint32_t a_p[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]), pack2<T>(s[2 * ks][2], s[2 * ks][3]),
-                                 pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                 pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-        const uint32_t a_ds[4] = {pack2<T>(dp[2 * ks][0], dp[2 * ks][1]), pack2<T>(dp[2 * ks][2], dp[2 * ks][3]),
-                                  pack2<T>(dp[2 * ks + 1][0], dp[2 * ks + 1][1]),
-                                  pack2<T>(dp[2 * ks + 1][2], dp[2 * ks + 1][3])};
-#pragma unroll
-        for (int np = 0; np < kDimPart / 16; ++np) {
-          uint32_t b_do[4], b_q[4];
-          ldsm_x4_trans(b_do, do_s + cur_q_bt.at(c0 + ks * 16, d0 + np * 16));
-          ldsm_x4_trans(b_q, q_s + cur_q_bt.at(c0 + ks * 16, d0 + np * 16));
-          mma_16816<T>(acc_dv[2 * np], a_p, b_do[0], b_do[1]);
-          mma_16816<T>(acc_dv[2 * np + 1], a_p, b_do[2], b_do[3]);
-          mma_16816<T>(acc_dk[2 * np], a_ds, b_q[0], b_q[1]);
-          mma_16816<T>(acc_dk[2 * np + 1], a_ds, b_q[2], b_q[3]);
-        }
+      for (int step = 0; step < kKvSteps; ++step) {
+        if (step + 1 < kKvSteps) load_kv(step + 1, (step + 1) % 2);
+        const int ks = step / kDNp, np = step % kDNp, st = step % 2;
+        mma_16816<T>(acc_dv[2 * np], a_p[ks], b_dot[st][0], b_dot[st][1]);
+        mma_16816<T>(acc_dv[2 * np + 1], a_p[ks], b_dot[st][2], b_dot[st][3]);
+        mma_16816<T>(acc_dk[2 * np], a_ds[ks], b_qt[st][0], b_qt[st][1]);
+        mma_16816<T>(acc_dk[2 * np + 1], a_ds[ks], b_qt[st][2], b_qt[st][3]);
       }
     }
     __syncthreads();  // dS^T complete
@@ -449,16 +487,21 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
     for (int nt = 0; nt < kDqTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_dq[nt][e] = 0.f;
+    {
+      constexpr int kNq = kDqTiles / 2, kDqSteps = kBlockN / 16 * kNq;
+      uint32_t a_ds[2][4], b_k[2][4];
+      ldsm_x4_trans(a_ds[0], sDs_addr + cur_ds_at.at(0, wm * 16));
+      ldsm_x4_trans(b_k[0], sK_addr + cur_kv_bt.at(0, dq_col0));
 #pragma unroll
-    for (int ks = 0; ks < kBlockN / 16; ++ks) {
-      uint32_t a_ds[4];
-      ldsm_x4_trans(a_ds, sDs_addr + cur_ds_at.at(ks * 16, wm * 16));
-#pragma unroll
-      for (int np = 0; np < kDqTiles / 2; ++np) {
-        uint32_t b_k[4];
-        ldsm_x4_trans(b_k, sK_addr + cur_kv_bt.at(ks * 16, dq_col0 + np * 16));
-        mma_16816<T>(acc_dq[2 * np], a_ds, b_k[0], b_k[1]);
-        mma_16816<T>(acc_dq[2 * np + 1], a_ds, b_k[2], b_k[3]);
+      for (int step = 0; step < kDqSteps; ++step) {
+        const int next = step + 1;
+        if (next < kDqSteps) {  // the next step's fragments load while this step's mma run
+          if (next % kNq == 0) ldsm_x4_trans(a_ds[(next / kNq) % 2], sDs_addr + cur_ds_at.at(next / kNq * 16, wm * 16));
+          ldsm_x4_trans(b_k[next % 2], sK_addr + cur_kv_bt.at(next / kNq * 16, dq_col0 + next % kNq * 16));
+        }
+        const int ks = step / kNq, np = step % kNq;
+        mma_16816<T>(acc_dq[2 * np], a_ds[ks % 2], b_k[step % 2][0], b_k[step % 2][1]);
+        mma_16816<T>(acc_dq[2 * np + 1], a_ds[ks % 2], b_k[step % 2][2], b_k[step % 2][3]);
       }
     }
 
