@@ -95,6 +95,9 @@ Status sm80_backward(const fa_params& p) {
                        p.head_dim, w.kernel_head_dim);
   if (p.batch == 0 || p.seqlen_q + p.seqlen_k == 0) return {};
   FA_RETURN_IF_ERROR(require_workspace(p, w.total, "flashattn-sm80 backward"));
+  if (w.total > 0 && !aligned16(p.workspace))  // the dQ accumulator is zeroed with 16-byte stores
+    return {FA_ERROR_WORKSPACE,
+            format("workspace: flashattn-sm80 backward needs 16-byte aligned device memory (got %p)", p.workspace)};
 
   BwdParams bp{};
   bp.q = p.q, bp.k = p.k, bp.v = p.v, bp.o = p.o, bp.dout = p.dout;
