@@ -13,11 +13,9 @@
 //    Also FLOPs per process CPU second times the threads: what the threads did while they ran,
 //    the rate a machine free of other programs would give (wall time is the figure that counts;
 //    this one tells how much of a shortfall comes from sharing the cores).
-// 3. Peak extra memory at --memory-seqlen: each implementation runs in a child process; extra =
-//    the child's peak RSS (getrusage ru_maxrss) minus its RSS after the inputs were allocated
-//    and touched. Also the bytes of the score matrix the standard algorithm materializes.
+// 3. Peak extra memory at --memory-seqlen: each implementation runs in a fresh process; extra =
+//    its peak RSS (VmHWM) minus its RSS after the inputs were allocated and touched.
 #include <omp.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -154,21 +152,23 @@ void check(fa_status s) {
   }
 }
 
-long rss_kib() {
-  std::ifstream f("/proc/self/statm");
-  long pages = 0, resident = 0;
-  f >> pages >> resident;
-  return resident * (sysconf(_SC_PAGESIZE) / 1024);
+// A "Vm...:  N kB" field of /proc/self/status: VmRSS (resident now) or VmHWM (peak resident of
+// this address space; unlike getrusage's ru_maxrss it does not carry the parent's peak over exec).
+long status_kib(const char* field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const size_t n = std::strlen(field);
+  while (std::getline(f, line))
+    if (line.compare(0, n, field) == 0 && line.size() > n && line[n] == ':') return std::atol(line.c_str() + n + 1);
+  return -1;
 }
 
 // The child of extra_memory_mib: one forward call, prints the peak extra resident MiB.
 int memory_child(int seqlen, int heads, int head_dim, int threads, fa_impl impl) {
   Problem pr(seqlen, heads, head_dim, threads);
-  const long before = rss_kib();
+  const long before = status_kib("VmRSS");
   if (fa_forward(&pr.p, impl) != FA_OK) return 1;
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  std::printf("%.3f\n", double(ru.ru_maxrss - before) / 1024.0);
+  std::printf("%.3f\n", double(status_kib("VmHWM") - before) / 1024.0);
   return 0;
 }
 
@@ -291,13 +291,14 @@ int main(int argc, char** argv) {
   std::printf("\nbackward / forward time: %.2f\n", bwd->t.median_s / fwd->t.median_s);
   if (ref) std::printf("fa2 forward speed-up over the reference: %.1fx\n", ref->t.median_s / fwd->t.median_s);
 
-  double mem_flash = -1, mem_ref = -1;
+  double mem_flash = -1, mem_fa1 = -1, mem_ref = -1;
   const int mem_heads = 2;
   if (memory) {
     mem_flash = extra_memory_mib(memory_seqlen, mem_heads, head_dim, threads, FA_IMPL_CPU_FA2);
+    mem_fa1 = extra_memory_mib(memory_seqlen, mem_heads, head_dim, threads, FA_IMPL_CPU_FA1);
     mem_ref = reference ? extra_memory_mib(memory_seqlen, mem_heads, head_dim, threads, FA_IMPL_CPU_REFERENCE) : -1;
-    std::printf("peak extra memory, seqlen %d, heads %d, head_dim %d: fa2 %.1f MiB, reference %.1f MiB"
-                " (inputs+outputs %.1f MiB not counted)\n", memory_seqlen, mem_heads, head_dim, mem_flash, mem_ref,
+    std::printf("peak extra memory, seqlen %d, heads %d, head_dim %d: fa2 %.1f MiB, fa1 %.1f MiB, reference %.1f MiB"
+                " (inputs+outputs %.1f MiB not counted)\n", memory_seqlen, mem_heads, head_dim, mem_flash, mem_fa1, mem_ref,
                 6.0 * memory_seqlen * mem_heads * head_dim * 4 / 1048576.0);
   }
 
@@ -320,7 +321,8 @@ int main(int argc, char** argv) {
     if (ref) f << ",\n  \"speedup_over_reference\": " << ref->t.median_s / fwd->t.median_s;
     if (memory)
       f << ",\n  \"memory\": {\"seqlen\": " << memory_seqlen << ", \"heads\": " << mem_heads
-        << ", \"fa2_extra_mib\": " << mem_flash << ", \"reference_extra_mib\": " << mem_ref << "}";
+        << ", \"fa2_extra_mib\": " << mem_flash << ", \"fa1_extra_mib\": " << mem_fa1
+        << ", \"reference_extra_mib\": " << mem_ref << "}";
     f << "\n}\n";
   }
   return 0;
