@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The PyTorch binding's tests (scripts/test.sh runs this after the CTest suites).
+#
+# Needs python3 with torch and pytest: installed from PyPI when missing (the default torch wheel,
+# ~0.5 GB plus ~2.5 GB of CUDA wheels it depends on; 90 s here). Without torch the run FAILS
+# loudly: it never passes with nothing tested. transformers is installed when missing too (for
+# the Hugging Face client test); when it cannot be, that test is skipped and says so.
+# The library: $FLASHATTN_LIBRARY, else build/libflashattn.so (built here when missing).
+# It also packs the library into a wheel (`pip wheel .`, as `pip install .` does) and checks that
+# the installed package loads the library packed inside it.
+#
+# Environment: PYTHON (default python3), PYTEST_ARGS (extra pytest arguments, e.g. "-k compile").
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+PY=${PYTHON:-python3}
+
+fail() {
+  echo "!!! python binding: $*" >&2
+  echo "!!! python binding: FAILED (the binding's tests did not all run and pass)" >&2
+  exit 1
+}
+
+pip_install() {
+  "$PY" -m pip install --quiet --retries 2 --timeout 60 "$@"
+}
+
+missing=()
+"$PY" -c "import torch" 2>/dev/null || missing+=(torch)
+"$PY" -c "import pytest" 2>/dev/null || missing+=(pytest)
+if ((${#missing[@]})); then
+  echo "== python binding: ${missing[*]} missing, installing from PyPI =="
+  pip_install "${missing[@]}" || fail "torch and pytest are required and could not be installed (${missing[*]})"
+  "$PY" -c "import torch, pytest" || fail "torch/pytest still do not import after installing them"
+fi
+if ! "$PY" -c "import transformers" 2>/dev/null; then
+  echo "== python binding: transformers missing, installing from PyPI (for the Hugging Face client test) =="
+  pip_install transformers || echo "!!! python binding: transformers could not be installed: the Hugging Face client test will be SKIPPED" >&2
+fi
+
+if [ -z "${FLASHATTN_LIBRARY:-}" ]; then
+  if [ ! -f build/libflashattn.so ]; then
+    echo "== python binding: building the library (build/) =="
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build build --target flashattn -j "$(nproc)"
+  fi
+  export FLASHATTN_LIBRARY=$PWD/build/libflashattn.so
+fi
+[ -f "$FLASHATTN_LIBRARY" ] || fail "FLASHATTN_LIBRARY=$FLASHATTN_LIBRARY does not exist"
+"$PY" -c "import torch; print('== python binding: torch', torch.__version__, '| CUDA device:', torch.cuda.get_device_name() if torch.cuda.is_available() else 'none', '==')"
+
+echo "== python binding: pytest (bindings/torch/tests) =="
+rc=0
+PYTHONPATH="$PWD/bindings/torch${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest bindings/torch/tests -q -rs ${PYTEST_ARGS:-} || rc=$?
+case $rc in
+  0) ;;
+  5) fail "pytest collected no tests (exit code 5)" ;;
+  *) fail "pytest exit code $rc" ;;
+esac
+
+echo "== python binding: packaging (pip wheel . with the library packed, installed in a scratch venv) =="
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+"$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$scratch/wheel" . \
+  || fail "pip wheel . failed"
+"$PY" -m venv --system-site-packages "$scratch/venv"
+"$scratch/venv/bin/python" -m pip install --quiet --no-deps --no-index "$scratch"/wheel/flashattn_torch-*.whl \
+  || fail "installing the wheel failed"
+(cd "$scratch" && env -u FLASHATTN_LIBRARY "$scratch/venv/bin/python" - <<'EOF') || fail "the installed wheel does not work"
+import os, torch, flashattn_torch
+lib = flashattn_torch.library_path
+assert lib.startswith(os.path.dirname(flashattn_torch.__file__)), f"library not from the wheel: {lib}"
+q = torch.randn(1, 16, 2, 32)
+out = flashattn_torch.flash_attn_func(q, q, q, causal=True)
+assert out.shape == q.shape and torch.isfinite(out).all()
+print("wheel OK:", flashattn_torch.__file__, "loads", lib)
+EOF
+echo "== python binding: all passed =="
