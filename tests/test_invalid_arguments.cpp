@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -52,6 +53,15 @@ struct Buffers {
     p.total_k = 14;
   }
 };
+
+// Out-of-range enum values as a C caller passes them: plain ints, through the C signature (in C++
+// an enum object holding such a value cannot even be formed without undefined behaviour).
+using ForwardWithInt = fa_status (*)(const fa_params*, int);
+using DtypeNameWithInt = const char* (*)(int);
+void set_raw_dtype(fa_params& p, int value) {
+  static_assert(sizeof(p.dtype) == sizeof(int));
+  std::memcpy(&p.dtype, &value, sizeof value);
+}
 
 const fa_impl kCpuImpls[] = {FA_IMPL_CPU_REFERENCE, FA_IMPL_CPU_FA1, FA_IMPL_CPU_FA2};
 
@@ -230,7 +240,8 @@ TEST(InvalidArguments, NegativeOrNonFiniteSoftcap) {
 }
 
 TEST(InvalidArguments, UnknownDtype) {
-  expect_rejected([](Buffers& b) { b.p.dtype = static_cast<fa_dtype>(7); }, FA_ERROR_INVALID_ARGUMENT, {"dtype"});
+  expect_rejected([](Buffers& b) { set_raw_dtype(b.p, 7); }, FA_ERROR_INVALID_ARGUMENT, {"dtype"});
+  expect_rejected([](Buffers& b) { set_raw_dtype(b.p, -1); }, FA_ERROR_INVALID_ARGUMENT, {"dtype"});
 }
 
 // The API validates arguments, dtype included, before it looks for a device: fp32 on the sm80
@@ -245,8 +256,9 @@ TEST(InvalidArguments, DtypeTheImplementationLacks) {
 
 TEST(InvalidArguments, UnknownImplementation) {
   Buffers b;
-  expect_error(fa_forward(&b.p, static_cast<fa_impl>(99)), FA_ERROR_INVALID_ARGUMENT, {"impl"}, "forward");
-  expect_error(fa_backward(&b.p, static_cast<fa_impl>(-3)), FA_ERROR_INVALID_ARGUMENT, {"impl"}, "backward");
+  auto forward = reinterpret_cast<ForwardWithInt>(&fa_forward), backward = reinterpret_cast<ForwardWithInt>(&fa_backward);
+  expect_error(forward(&b.p, 99), FA_ERROR_INVALID_ARGUMENT, {"impl"}, "forward");
+  expect_error(backward(&b.p, -3), FA_ERROR_INVALID_ARGUMENT, {"impl"}, "backward");
 }
 
 TEST(InvalidArguments, BackwardOfAForwardOnlyImplementation) {
@@ -300,7 +312,7 @@ TEST(InvalidArguments, NamesOfEnumsAreReadable) {
   EXPECT_STREQ(fa_status_name(FA_ERROR_NO_DEVICE), "no device");
   EXPECT_STREQ(fa_impl_name(FA_IMPL_CPU_FA2), "cpu-fa2");
   EXPECT_STREQ(fa_dtype_name(FA_BFLOAT16), "bf16");
-  EXPECT_STREQ(fa_dtype_name(static_cast<fa_dtype>(9)), "unknown dtype");
+  EXPECT_STREQ(reinterpret_cast<DtypeNameWithInt>(&fa_dtype_name)(9), "unknown dtype");
 }
 
 }  // namespace

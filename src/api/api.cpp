@@ -86,6 +86,7 @@ void fa_params_set_contiguous_strides(fa_params* p) {
 fa_status fa_forward(const fa_params* p, fa_impl impl) {
   return guarded([&]() -> Status {
     if (!p) return invalid("params: null pointer");
+    FA_RETURN_IF_ERROR(check_impl_value(impl));
     fa_impl chosen = resolve(*p, impl, false);
     FA_RETURN_IF_ERROR(validate(p, Pass::Forward, chosen));
     FA_RETURN_IF_ERROR(check_memory_side(*p, chosen));
@@ -102,6 +103,7 @@ fa_status fa_forward(const fa_params* p, fa_impl impl) {
 fa_status fa_backward(const fa_params* p, fa_impl impl) {
   return guarded([&]() -> Status {
     if (!p) return invalid("params: null pointer");
+    FA_RETURN_IF_ERROR(check_impl_value(impl));
     fa_impl chosen = resolve(*p, impl, true);
     FA_RETURN_IF_ERROR(validate(p, Pass::Backward, chosen));
     FA_RETURN_IF_ERROR(check_memory_side(*p, chosen));
@@ -119,6 +121,7 @@ fa_status fa_workspace_size(const fa_params* p, fa_impl impl, int backward, size
     if (!bytes) return invalid("bytes: null pointer");
     *bytes = 0;
     if (!p) return invalid("params: null pointer");
+    FA_RETURN_IF_ERROR(check_impl_value(impl));
     fa_impl chosen = resolve(*p, impl, backward != 0);
     FA_RETURN_IF_ERROR(validate(p, backward ? Pass::Backward : Pass::Forward, chosen));
     if (!is_cuda_impl(chosen)) return {};
@@ -129,7 +132,7 @@ fa_status fa_workspace_size(const fa_params* p, fa_impl impl, int backward, size
 const char* fa_last_error(void) { return g_last_error.c_str(); }
 
 const char* fa_status_name(fa_status s) {
-  switch (s) {
+  switch (enum_value(s)) {
     case FA_OK: return "ok";
     case FA_ERROR_INVALID_ARGUMENT: return "invalid argument";
     case FA_ERROR_UNSUPPORTED: return "unsupported";
@@ -142,7 +145,7 @@ const char* fa_status_name(fa_status s) {
 }
 
 const char* fa_impl_name(fa_impl impl) {
-  switch (impl) {
+  switch (enum_value(impl)) {
     case FA_IMPL_AUTO: return "auto";
     case FA_IMPL_CPU_REFERENCE: return "cpu-reference";
     case FA_IMPL_CPU_FA1: return "cpu-fa1";
@@ -155,7 +158,7 @@ const char* fa_impl_name(fa_impl impl) {
 }
 
 const char* fa_dtype_name(fa_dtype d) {
-  switch (d) {
+  switch (enum_value(d)) {
     case FA_FLOAT32: return "fp32";
     case FA_FLOAT16: return "fp16";
     case FA_BFLOAT16: return "bf16";

@@ -85,6 +85,12 @@ Status check_cu_seqlens(const char* name, const int32_t* cu, int32_t batch, int6
 
 }  // namespace
 
+Status check_impl_value(const fa_impl& impl) {
+  const int64_t v = enum_value(impl);
+  if (v < FA_IMPL_AUTO || v > FA_IMPL_CUDA_SM90) return invalid("impl: unknown implementation %lld", (long long)v);
+  return {};
+}
+
 Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
   if (!pp) return invalid("params: null pointer");
   const fa_params& p = *pp;
@@ -102,8 +108,9 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
   if (p.head_dim <= 0) return invalid("head_dim must be > 0 (got %d)", p.head_dim);
   if (p.head_dim > lim.max_head_dim)
     return unsupported("head_dim %d exceeds the maximum of %s (%d)", p.head_dim, fa_impl_name(impl), lim.max_head_dim);
-  if (p.dtype != FA_FLOAT32 && p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16)
-    return invalid("dtype: unknown value %d", int(p.dtype));
+  const int64_t dtype = enum_value(p.dtype);
+  if (dtype != FA_FLOAT32 && dtype != FA_FLOAT16 && dtype != FA_BFLOAT16)
+    return invalid("dtype: unknown value %lld", (long long)dtype);
   bool has_dtype = p.dtype == FA_FLOAT32 ? lim.fp32 : p.dtype == FA_FLOAT16 ? lim.fp16 : lim.bf16;
   if (!has_dtype) return unsupported("dtype %s is not supported by %s", fa_dtype_name(p.dtype), fa_impl_name(impl));
   if (!std::isfinite(p.softmax_scale)) return invalid("softmax_scale must be finite (got %g)", double(p.softmax_scale));

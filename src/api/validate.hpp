@@ -1,11 +1,27 @@
 // Argument checks shared by every implementation: each failure names the argument.
 #pragma once
 
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
 #include "common/status.hpp"
 
 namespace flashattn {
 
 enum class Pass { Forward, Backward };
+
+// The integer a C caller stored in an enum argument or field, read as bytes: loading an enum
+// object that holds a value outside the enumerators' range is undefined behaviour in C++.
+template <class E>
+int64_t enum_value(const E& e) {
+  std::underlying_type_t<E> v;
+  std::memcpy(&v, &e, sizeof v);
+  return int64_t(v);
+}
+
+// impl is one of the fa_impl enumerators.
+Status check_impl_value(const fa_impl& impl);
 
 struct ImplLimits {
   int max_head_dim;

@@ -23,10 +23,12 @@ struct Head {
   fa_dtype dt;
   flashattn::Mask mask;
   std::vector<float> p, t;  // P (rounded), tanh of the scaled scores (softcap only)
-  // Per row: the relative error a backward's P recomputed in fp32 from the forward's lse may have,
-  // 4 u (|lse| + max|s| + sqrt(n) + sqrt(d) scale max sum|q k|): the lse stored in fp32, the scores
-  // rescaled (e.g. by log2 e), the forward's sum of n exponentials and the recomputed dot products,
-  // each at the size of random rounding (Higham & Mary's probabilistic bound, lambda = 4).
+  // Per row: the relative error of P as another fp32 implementation computes it (the forward's
+  // online softmax, or the backward's recomputation from the forward's lse),
+  // 4 u (|lse| + max|s| + sqrt(n) + sqrt(d) scale max sum|q k|): exponents of size |s| and |lse|
+  // (rescaled by log2 e, the lse stored in fp32), the sum of n exponentials and its rescalings, the
+  // dot products in another order, each at the size of random rounding (Higham & Mary's
+  // probabilistic bound, lambda = 4).
   std::vector<float> eps;
 
   Head(const Problem& problem, int b, int head)
@@ -84,7 +86,7 @@ Outputs plain_forward(const Problem& pr) {
   Outputs out;
   const int d = pr.c.head_dim;
   out.o.assign(pr.qf.size(), 0.f);
-  out.o_abs.assign(pr.qf.size(), 0.f);
+  out.o_floor.assign(pr.qf.size(), 0.f);
   const int nbatch = pr.varlen ? int(pr.cu_q.size()) - 1 : pr.c.batch, nh = pr.c.num_heads;
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int b = 0; b < nbatch; ++b)
@@ -95,14 +97,15 @@ Outputs plain_forward(const Problem& pr) {
       std::vector<float> acc(static_cast<size_t>(d));
       for (int64_t i = 0; i < sq; ++i) {
         std::fill(acc.begin(), acc.end(), 0.f);
-        float* o_abs = &out.o_abs[hd.qi(i)];
+        float* o_err = &out.o_floor[hd.qi(i)];
+        const float eps = hd.eps[size_t(i)];
         for (int64_t j = 0; j < sk; ++j) {
           float pij = hd.p[size_t(i * sk + j)];
           if (pij == 0.f) continue;
           const float* v = &pr.vf[hd.ki(j)];
           for (int c = 0; c < d; ++c) {
             acc[size_t(c)] += pij * v[c];
-            o_abs[c] += pij * std::fabs(v[c]);
+            o_err[c] += eps * pij * std::fabs(v[c]);
           }
         }
         for (int c = 0; c < d; ++c) out.o[hd.qi(i) + size_t(c)] = hd.r(acc[size_t(c)]);

@@ -72,7 +72,9 @@ uint64_t fresh_seed(const std::string& name);
 // Results as logical arrays (o, dq like q; dk, dv like k; lse (nb, heads, rows_q)).
 struct Outputs {
   std::vector<float> o, lse, dq, dk, dv;
-  std::vector<float> o_abs;  // plain_forward only: sum_j P_ij |v_jc| per element of o
+  // plain_forward only: per element of o, the fp32 error another implementation's P may add,
+  // eps_i sum_j P_ij |v_jc| (plain.cpp).
+  std::vector<float> o_floor;
   // plain_backward only: per element, the fp32 error a backward that recomputes P from the
   // forward's lse, and dP and D = rowsum(dO * O), may make beyond the plain one's (plain.cpp).
   std::vector<float> dq_floor, dk_floor, dv_floor;
