@@ -23,6 +23,10 @@ def panels(rows):
     return out
 
 
+COLORS = {"flashattn-sm90": "tab:red", "flashattn-sm80": "tab:blue", "torch-cudnn": "tab:green",
+          "torch-flash": "tab:orange", "torch-efficient": "tab:purple", "torch-math": "tab:gray"}
+
+
 def plot(rows, png):
     import matplotlib
     matplotlib.use("Agg")
@@ -35,7 +39,7 @@ def plot(rows, png):
     for ax, key in zip(axes.flat, keys):
         for impl, pts in sorted(ps[key].items()):
             xs = sorted(pts)
-            ax.plot(xs, [pts[x] for x in xs], marker="o", label=impl,
+            ax.plot(xs, [pts[x] for x in xs], marker="o", label=impl, color=COLORS.get(impl),
                     linewidth=2.5 if impl.startswith("flashattn") else 1.2)
         p, d, causal = key
         ax.set_title(f"{p}, head_dim {d}, {'causal' if causal else 'non-causal'}")
