@@ -33,8 +33,8 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** (-0.5)
     left, right = _window(window_size)
-    out, lse = ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale),
-                       bool(causal), left, right, float(softcap), bool(deterministic))
+    out, lse = ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale),
+                             bool(causal), left, right, float(softcap), bool(deterministic))
     return (out, lse, None) if return_attn_probs else out
 
 

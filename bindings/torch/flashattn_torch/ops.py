@@ -12,6 +12,11 @@ fa_backward. Their real implementations only fill fa_params from the tensors and
 Tensors keep their strides when the head_dim axis is contiguous (packed qkv views are not
 copied); otherwise they are made contiguous. On CUDA the call runs on the current stream with a
 workspace from the caching allocator and never synchronizes, so it can be captured in a graph.
+
+attention() is what the flash_attn functions call: under torch.compile (or with tensor subclasses
+or dispatch modes, e.g. fake tensors) it is torch.ops.flashattn.fwd; in plain eager mode it is an
+autograd.Function around the same two implementations, which skips the dispatcher's and the
+custom-op autograd wrapper's Python layers (bench/binding_overhead.py measures the difference).
 """
 
 import ctypes
@@ -73,18 +78,21 @@ def _usable(t):
     return t
 
 
+# tensor -> its fa_params fields: pointer, batch, row and head strides
+_FIELDS = {name: (name, f"{prefix}_batch_stride", f"{prefix}_row_stride", f"{prefix}_head_stride")
+           for name, prefix in (("q", "q"), ("k", "k"), ("v", "v"), ("o", "o"), ("dout", "do"), ("dq", "dq"),
+                                ("dk", "dk"), ("dv", "dv"))}
+
+
 def _set_tensor(p, name, t):
     """Pointer and (batch, row, head) element strides of a 4-D or varlen 3-D tensor."""
-    setattr(p, name, t.data_ptr())
-    prefix = "do" if name == "dout" else name
+    ptr, batch_stride, row_stride, head_stride = _FIELDS[name]
+    setattr(p, ptr, t.data_ptr())
     s = t.stride()
-    if t.dim() == 4:
-        setattr(p, prefix + "_batch_stride", s[0])
-        setattr(p, prefix + "_row_stride", s[1])
-        setattr(p, prefix + "_head_stride", s[2])
-    else:
-        setattr(p, prefix + "_row_stride", s[0])
-        setattr(p, prefix + "_head_stride", s[1])
+    if len(s) == 4:
+        setattr(p, batch_stride, s[0])
+    setattr(p, row_stride, s[-3])
+    setattr(p, head_stride, s[-2])
 
 
 def _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
@@ -113,25 +121,31 @@ def _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softma
 
 
 def _run(fn, p, device, backward):
-    """Calls fa_forward / fa_backward; on CUDA with the workspace the library asks for."""
+    """Calls fa_forward / fa_backward; on CUDA with the workspace the library asks for, on the
+    tensors' device (the library launches on the current one)."""
     if device.type != "cuda":
         _lib.check(fn(ctypes.byref(p), _lib.impl))
-        return
-    with torch.cuda.device(device):
-        n = _lib.workspace_size(p, _lib.impl, backward)
-        workspace = torch.empty(n, dtype=torch.uint8, device=device) if n else None
-        if workspace is not None:
-            p.workspace, p.workspace_bytes = workspace.data_ptr(), n
-        # The caching allocator orders the workspace's reuse after this stream's work: no sync.
-        _lib.check(fn(ctypes.byref(p), _lib.impl))
+    elif device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            _run_cuda(fn, p, device, backward)
+    else:
+        _run_cuda(fn, p, device, backward)
+
+
+def _run_cuda(fn, p, device, backward):
+    n = _lib.workspace_size(p, _lib.impl, backward)
+    workspace = torch.empty(n, dtype=torch.uint8, device=device) if n else None
+    if workspace is not None:
+        p.workspace, p.workspace_bytes = workspace.data_ptr(), n
+    # The caching allocator orders the workspace's reuse after this stream's work: no sync.
+    _lib.check(fn(ctypes.byref(p), _lib.impl))
 
 
 def _lse_shape(q, varlen):
     return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
 
 
-@torch.library.custom_op("flashattn::fwd", mutates_args=())
-def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
         window_right: int, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
     """(out, lse) = attention(q, k, v); `deterministic` only travels to the backward."""
@@ -156,6 +170,9 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seql
     return out, lse
 
 
+fwd = torch.library.custom_op("flashattn::fwd", forward_impl, mutates_args=())
+
+
 @fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
               window_left, window_right, softcap, deterministic):
@@ -164,8 +181,7 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
 
 
-@torch.library.custom_op("flashattn::bwd", mutates_args=())
-def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
+def backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
         cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
         window_left: int, window_right: int, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) by the library's backward from dout and the forward's out and lse."""
@@ -187,6 +203,9 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     p.lse = lse.data_ptr()
     _run(_lib.lib.fa_backward, p, q.device, True)
     return dq, dk, dv
+
+
+bwd = torch.library.custom_op("flashattn::bwd", backward_impl, mutates_args=())
 
 
 @bwd.register_fake
@@ -211,3 +230,35 @@ def _backward(ctx, dout, dlse):
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """fwd with the same autograd formula, for plain eager tensors: no dispatcher round trips."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        out, lse = forward_impl(*inputs)
+        _setup_context(ctx, inputs, (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        dq, dk, dv = backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
+        return (dq, dk, dv) + (None,) * 10
+
+
+def _dispatch_stack_empty():
+    depth = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    return depth is None or depth() == 0
+
+
+def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+              window_right, softcap, deterministic):
+    """(out, lse): torch.ops.flashattn.fwd, or its eager twin where nothing needs the dispatcher."""
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+            window_right, softcap, deterministic)
+    if (torch.compiler.is_compiling() or type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor
+            or not _dispatch_stack_empty()):
+        return fwd(*args)
+    return _EagerAttention.apply(*args)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attn_reference import CUDA, DEVICES, NO_CUDA
-from flashattn_torch import flash_attn_func, flash_attn_varlen_func
+from flashattn_torch import flash_attn_func, flash_attn_varlen_func, ops
 
 
 def fwd_args(device, dtype=torch.float16, varlen=False):
@@ -105,3 +105,18 @@ def test_compile_reduce_overhead_uses_cuda_graphs():
     for _ in range(3):
         out = compiled(q, k, v)
     assert torch.equal(out, flash_attn_func(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_path_equals_the_registered_op(device):
+    """flash_attn_func runs an autograd.Function in eager mode and torch.ops.flashattn.fwd otherwise:
+    the two give bitwise the same outputs and gradients."""
+    args = fwd_args(device)
+    q, k, v = args[:3]
+    out, lse = ops.attention(*args)
+    assert type(out.grad_fn).__name__ == "_EagerAttentionBackward"
+    out_op, lse_op = torch.ops.flashattn.fwd(*args)
+    assert torch.equal(out, out_op) and torch.equal(lse, lse_op)
+    dout = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), dout), torch.autograd.grad(out_op, (q, k, v), dout)):
+        assert torch.equal(a, b)

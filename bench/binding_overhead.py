@@ -1,0 +1,152 @@
+"""The PyTorch binding's overhead over the raw C ABI call, in microseconds.
+
+    python bench/binding_overhead.py [--device cpu|cuda] [--dtype ...] [--reps N]
+
+Three problems: the classic small one (batch 32, seqlen 512, 16 heads, head_dim 64, causal), and
+two tiny ones (batch 1, seqlen 16 or 128, 1 head, head_dim 64) where the kernel takes microseconds,
+so the difference is the binding's own cost. For each, the raw call is fa_forward / fa_backward
+through ctypes on a prebuilt fa_params (tensors allocated once; what a C++ caller pays), and the
+binding is flashattn_torch.flash_attn_func (fresh output tensors, fa_params filled from the tensors,
+the torch.library dispatcher, autograd bookkeeping when inputs require grad). Raw and binding
+calls alternate, so drift on a busy machine hits both alike; each time is a median over --reps
+calls. CUDA calls are timed to completion (synchronize after each call), and also pipelined
+(N calls back to back, one synchronize) where the binding's host time hides behind the kernels.
+Prints one JSON object (bench/results/ keeps the ones that were run, with the machine).
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bindings" / "torch"))
+import flashattn_torch  # noqa: E402
+from flashattn_torch import _lib, ops  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def raw_params(q, k, v, out, lse, dout=None, dq=None, dk=None, dv=None):
+    """fa_params for the raw calls, filled once (as a C++ caller would)."""
+    p = ops._params(q, k, None, None, 0, 0, q.shape[-1] ** -0.5, True, -1, -1, 0.0, False)
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
+        if t is not None:
+            ops._set_tensor(p, name, t)
+    p.lse = lse.data_ptr()
+    return p
+
+
+def with_workspace(p, device, backward, keep):
+    if device.type == "cuda":
+        n = _lib.workspace_size(p, _lib.impl, backward)
+        if n:
+            keep.append(torch.empty(n, dtype=torch.uint8, device=device))
+            p.workspace, p.workspace_bytes = keep[-1].data_ptr(), n
+    return p
+
+
+def timed(fn, sync):
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - t0) * 1e6
+
+
+def measure(fns, reps, sync):
+    """Median microseconds of each fn, the fns interleaved call by call."""
+    for fn in fns.values():  # warm-up (allocator, dispatcher caches, CUDA module load)
+        for _ in range(3):
+            fn()
+    sync()
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            times[name].append(timed(fn, sync))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def pipelined(fn, calls, sync):
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
+def bench_problem(batch, seqlen, heads, head_dim, dtype, device, reps):
+    shape = (batch, seqlen, heads, head_dim)
+    q, k, v, dout = (torch.randn(shape, dtype=dtype, device=device) for _ in range(4))
+    out, dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for _ in range(4))
+    lse = torch.empty(batch, heads, seqlen, dtype=torch.float32, device=device)
+    keep = []
+    p_fwd = with_workspace(raw_params(q, k, v, out, lse), device, False, keep)
+    p_bwd = with_workspace(raw_params(q, k, v, out, lse, dout, dq, dk, dv), device, True, keep)
+    _lib.check(_lib.lib.fa_forward(ctypes.byref(p_fwd), _lib.impl))  # out and lse for the raw backward
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+
+    def raw_forward():
+        _lib.lib.fa_forward(ctypes.byref(p_fwd), _lib.impl)
+
+    def raw_forward_backward():
+        _lib.lib.fa_forward(ctypes.byref(p_fwd), _lib.impl)
+        _lib.lib.fa_backward(ctypes.byref(p_bwd), _lib.impl)
+
+    def binding_forward():
+        flashattn_torch.flash_attn_func(q, k, v, causal=True)
+
+    def binding_forward_backward():
+        o = flashattn_torch.flash_attn_func(qg, kg, vg, causal=True)
+        torch.autograd.grad(o, (qg, kg, vg), dout)
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    result = {"problem": {"batch": batch, "seqlen": seqlen, "heads": heads, "head_dim": head_dim, "causal": True,
+                          "dtype": str(dtype).split(".")[-1]}}
+    for label, raw, binding in (("forward", raw_forward, binding_forward),
+                                ("forward_backward", raw_forward_backward, binding_forward_backward)):
+        t = measure({"raw": raw, "binding": binding}, reps, sync)
+        entry = {"raw_us": round(t["raw"], 1), "binding_us": round(t["binding"], 1),
+                 "overhead_us": round(t["binding"] - t["raw"], 1)}
+        if device.type == "cuda":
+            calls = max(10, reps)
+            raw_p, bind_p = pipelined(raw, calls, sync), pipelined(binding, calls, sync)
+            entry.update({"pipelined_raw_us": round(raw_p, 1), "pipelined_binding_us": round(bind_p, 1),
+                          "pipelined_overhead_us": round(bind_p - raw_p, 1)})
+        result[label] = entry
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=list(DTYPES), default=None,
+                        help="default: float16 on CUDA (the classic problem's), float32 on the CPU")
+    parser.add_argument("--reps", type=int, default=None, help="default: 50 on CUDA, 5 (classic) / 200 (tiny) on the CPU")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype or ("float16" if device.type == "cuda" else "float32")]
+    cuda = device.type == "cuda"
+    problems = [("classic", (32, 512, 16, 64), args.reps or (50 if cuda else 5)),
+                ("tiny_seqlen_16", (1, 16, 1, 64), args.reps or 200),
+                ("tiny_seqlen_128", (1, 128, 1, 64), args.reps or 200)]
+    report = {
+        "device": torch.cuda.get_device_name(device) if cuda else f"CPU ({platform.processor() or platform.machine()}, "
+                                                                  f"{os.cpu_count()} cores, torch threads "
+                                                                  f"{torch.get_num_threads()})",
+        "torch": torch.__version__, "library": flashattn_torch.library_path, "impl": os.environ.get("FLASHATTN_IMPL", "auto"),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    for name, (b, s, h, d), reps in problems:
+        report[name] = bench_problem(b, s, h, d, dtype, device, reps)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
