@@ -5,7 +5,8 @@
 // Work split of the main kernel: one CTA per (k-block of block_n keys, kv head, batch[, d part]).
 // Warp w owns key rows 16w .. 16w + 15 of the block: it computes S^T = K_w Q^T and dP^T = V_w dO^T
 // for those rows and keeps their dK and dV (16 x head_dim / split_d fp32) in registers, so
-// block_n = 16 * warps. With split_d = 2 two CTAs share a k-block, each owning half of the head_dim
+// block_n = 16 * warps (layout 0; layout 1 tiles every product over all the warps, see
+// bwd_kernel_2d.cuh). With split_d = 2 two CTAs share a k-block, each owning half of the head_dim
 // columns of dK, dV, dQ (they both recompute S and dP): that keeps the accumulators of
 // head_dim 192 / 256 in registers.
 #pragma once
@@ -17,23 +18,26 @@ namespace flashattn::sm80 {
 struct BwdConfig {
   int head_dim;  // the kernel's head_dim; smaller problems are zero-padded to it
   int block_m;   // query rows per inner iteration (the q-block)
-  int block_n;   // keys per CTA (the k-block), 16 per warp
+  int block_n;   // keys per CTA (the k-block): 16 per warp (layout 0), 32-row warp tiles (layout 1)
   int warps;
   int stages;    // q / dO / lse / D tiles in shared memory: 2 = tile i+1 loads while tile i computes
   int split_d;   // CTAs per k-block, each owning head_dim / split_d columns of dK, dV, dQ
-  int chunk_m;   // query columns of S^T, dP^T held in registers at once (block_m is done in chunks)
+  int chunk_m;   // layout 0: query columns of S^T, dP^T held in registers at once (block_m in chunks)
   int ctas_per_sm;  // __launch_bounds__ minimum: 1 lets a thread use 255 registers
+  int layout;       // 0: each warp owns 16 key rows (bwd_main_kernel); 1: 2D warp tiles (bwd_main_2d_kernel)
 };
 
-// K, V tiles (resident), `stages` Q and dO tiles, dS^T (block_n x block_m), `stages` lse and D rows.
+// K, V tiles (resident), `stages` Q and dO tiles, dS^T (block_n x block_m) [and P^T, layout 1],
+// `stages` lse and D rows.
 constexpr int bwd_smem_bytes(const BwdConfig& c) {
-  return 2 * 2 * c.block_n * c.head_dim + 2 * 2 * c.stages * c.block_m * c.head_dim + 2 * c.block_n * c.block_m +
-         2 * 4 * c.stages * c.block_m;
+  return 2 * 2 * c.block_n * c.head_dim + 2 * 2 * c.stages * c.block_m * c.head_dim +
+         (c.layout == 1 ? 2 : 1) * 2 * c.block_n * c.block_m + 2 * 4 * c.stages * c.block_m;
 }
 
-// fp32 accumulator registers per thread: dK and dV (16 rows x head_dim / split_d each), S^T and dP^T
-// (16 x chunk_m each).
+// fp32 accumulator registers per thread. Layout 0: dK and dV (16 rows x head_dim / split_d each), S^T
+// and dP^T (16 x chunk_m each). Layout 1: dK, dV, S^T, dP^T spread over all the warps.
 constexpr int bwd_accumulator_regs(const BwdConfig& c) {
+  if (c.layout == 1) return (2 * c.block_n * c.head_dim + 2 * c.block_n * c.block_m) / (32 * c.warps);
   return (2 * 16 * c.head_dim / c.split_d + 2 * 16 * c.chunk_m) / 32;
 }
 
@@ -41,18 +45,34 @@ constexpr int kBwdMaxSmemSm80 = 163 * 1024;  // A100's per-CTA limit (H100: 227 
 
 // clang-format off
 constexpr BwdConfig kBwdConfigs[] = {
-    {32,  64,  128, 8, 2, 1, 64, 1},  // 49 KB, 96 accumulators: small enough for S^T, dP^T of the whole q-block
-    {64,  128, 128, 8, 2, 1, 32, 1},  // 133 KB, 96 accumulators: 128-row q-blocks halve the per-row overhead (+12%)
-    {96,  64,  128, 8, 2, 1, 32, 1},  // 113 KB, 128 accumulators
-    {128, 64,  128, 8, 2, 1, 64, 1},  // 145 KB, 192 accumulators: the FA2 shape (64 x 128, 8 warps), 1 CTA per SM
-    {192, 64,  64,  4, 2, 2, 32, 1},  // 153 KB, 128 accumulators: d split in 2 so dK, dV (96 columns) fit registers
-    {256, 32,  64,  4, 2, 2, 32, 1},  // 133 KB, 160 accumulators: block_m 32 fits 2 stages of q, dO on the A100
+    {32,  64,  128, 8, 2, 1, 64, 1, 0},  // 49 KB, 96 accumulators: small enough for S^T, dP^T of the whole q-block
+    {64,  128, 128, 8, 2, 1, 64, 1, 1},  // 162 KB, 192 accumulators, 2D warp tiles (H100 16k: 204 vs 194 TFLOP/s)
+    {96,  64,  128, 8, 2, 1, 32, 1, 0},  // 113 KB, 128 accumulators
+    {128, 64,  128, 8, 2, 1, 64, 1, 1},  // 161 KB, 192 accumulators, 2D warp tiles: the FA2 shape (235 vs 201 TFLOP/s)
+    {192, 64,  64,  4, 2, 2, 32, 1, 0},  // 153 KB, 128 accumulators: d split in 2 so dK, dV (96 columns) fit registers
+    {256, 32,  64,  4, 2, 2, 32, 1, 0},  // 133 KB, 160 accumulators: block_m 32 fits 2 stages of q, dO on the A100
 };
 // clang-format on
 constexpr int kBwdHeadDims = sizeof(kBwdConfigs) / sizeof(kBwdConfigs[0]);
 
+constexpr bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+// Layout 1 (bwd_main_2d_kernel): 32-row warp tiles; S^T, dP^T warps (block_n / 32) x rest over the
+// queries, dK, dV (block_n / 32) x rest over head_dim, dQ (block_m / 32) x rest over head_dim. Warp
+// column spans are powers of two >= 16 inside 64-column chunks (compile-time ldmatrix offsets).
+constexpr bool bwd_2d_config_ok(const BwdConfig& c) {
+  const int sn = c.block_n / 32, dqm = c.block_m / 32;
+  return c.split_d == 1 && c.stages == 2 && c.head_dim % 64 == 0 && c.block_n % 32 == 0 && c.block_m % 32 == 0 &&
+         c.block_m % 64 == 0 && sn > 0 && c.warps % sn == 0 && dqm > 0 && c.warps % dqm == 0 &&
+         (c.block_m / (c.warps / sn)) % 16 == 0 && is_pow2(c.head_dim / (c.warps / sn)) &&
+         c.head_dim / (c.warps / sn) >= 16 && is_pow2(c.head_dim / (c.warps / dqm)) &&
+         c.head_dim / (c.warps / dqm) >= 16 && 32 * c.warps >= 2 * c.block_m && bwd_smem_bytes(c) <= kBwdMaxSmemSm80 &&
+         bwd_accumulator_regs(c) <= 192;
+}
+
 constexpr bool bwd_config_ok(const BwdConfig& c) {
-  return c.block_n == 16 * c.warps && c.block_m % 16 == 0 && c.chunk_m % 16 == 0 && c.block_m % c.chunk_m == 0 &&
+  if (c.layout == 1) return bwd_2d_config_ok(c);
+  return c.layout == 0 && c.block_n == 16 * c.warps && c.block_m % 16 == 0 && c.chunk_m % 16 == 0 && c.block_m % c.chunk_m == 0 &&
          c.warps % (c.block_m / 16) == 0 &&
          c.head_dim % (16 * c.split_d) == 0 && (c.head_dim / c.split_d) % (16 * (c.warps / (c.block_m / 16))) == 0 &&
          c.stages == 2 && 32 * c.warps >= 2 * c.block_m && bwd_smem_bytes(c) <= kBwdMaxSmemSm80 &&
@@ -72,7 +92,7 @@ constexpr int bwd_kernel_head_dim(int head_dim) {
 constexpr BwdConfig bwd_config(int kernel_head_dim) {
   for (const BwdConfig& c : kBwdConfigs)
     if (c.head_dim == kernel_head_dim) return c;
-  return {0, 0, 0, 0, 0, 0, 0, 0};
+  return {0, 0, 0, 0, 0, 0, 0, 0, 0};
 }
 
 // What the three backward kernels read. Strides are in elements, 64-bit.

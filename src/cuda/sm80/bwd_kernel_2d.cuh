@@ -1,0 +1,323 @@
+// FA2 backward main kernel with 2D warp tiles (config layout 1), the FlashAttention-2 work split:
+// same algorithm, skipping, masking, GQA and deterministic order as bwd_main_kernel (bwd_kernel.cuh),
+// but every product is tiled over all the warps in 32-row warp tiles, and P^T, dS^T both go through
+// shared memory:
+//   S^T, dP^T (block_n x block_m)  warps (block_n / 32) x (warps / that), A = K_j, V_j, B = Q_i, dO_i
+//   P^T, dS^T -> shared memory (16-bit, swizzled)
+//   dV, dK (block_n x head_dim)    warps (block_n / 32) x rest, A = P^T, dS^T, B = dO_i, Q_i (.trans)
+//   dQ (block_m x head_dim)        warps (block_m / 32) x rest, A = dS (dS^T .trans), B = K_j (.trans)
+// Each ldmatrix fragment feeds 2 or more mma (32-row A tiles), and a warp holds 1 / warps of each
+// accumulator instead of 16 whole key rows.
+#pragma once
+
+#include "cuda/sm80/bwd_kernel.cuh"
+
+namespace flashattn::sm80 {
+
+// One lane's ldmatrix row address in a SmemTile, as a shared-memory byte address: the lane part
+// (row_t, unit_t in {0, 1}) and a per-warp column offset col_w are folded in at construction; at()
+// adds a compile-time (row_c a multiple of 8, col_c a multiple of 16) part. Rows are 64 or 128 bytes
+// and tiles start 128-byte aligned, so the 16-byte unit sits in address bits 4..6 and the swizzled
+// unit (unit_c | unit_w | unit_t) ^ swizzle(row_t) is the lane address XOR (unit_c << 4): one logic op.
+// Needs the unit bits of col_w % chunk, of col_c and unit_t disjoint (power-of-two warp column spans).
+template <int kRows, int kCols>
+struct WarpCursor {
+  using Tile = SmemTile<kRows, kCols>;
+  uint32_t addr;
+  __device__ __forceinline__ WarpCursor(uint32_t tile, int row_t, int unit_t, int col_w) {
+    const int swz = Tile::kUnits == 8 ? (row_t & 7) : ((row_t >> 1) & 3);
+    const int x = unit_t ^ swz ^ ((col_w % Tile::kChunk) / 8);
+    addr = tile + uint32_t(2 * ((col_w / Tile::kChunk) * kRows * Tile::kChunk + row_t * Tile::kChunk) + (x << 4));
+  }
+  __device__ __forceinline__ uint32_t at(int row_c, int col_c) const {
+    const int chunk = col_c / Tile::kChunk, unit = (col_c % Tile::kChunk) / 8;
+    return (addr ^ uint32_t(unit << 4)) + uint32_t(2 * (chunk * kRows + row_c) * Tile::kChunk);
+  }
+};
+
+template <class T, int kHeadDim>
+struct Bwd2dTraits {
+  static constexpr BwdConfig kConfig = bwd_config(kHeadDim);
+  static_assert(kConfig.head_dim == kHeadDim && kConfig.layout == 1 && bwd_config_ok(kConfig), "not a layout-1 config");
+  static constexpr int kBlockM = kConfig.block_m, kBlockN = kConfig.block_n, kWarps = kConfig.warps;
+  static constexpr int kThreads = 32 * kWarps;
+  // S^T, dP^T and dK, dV: kWarpsN warps over the keys (32 each) x kWarpsX over queries / head_dim.
+  static constexpr int kWarpsN = kBlockN / 32, kWarpsX = kWarps / kWarpsN;
+  static constexpr int kSCols = kBlockM / kWarpsX, kKvCols = kHeadDim / kWarpsX;
+  // dQ: kDqWarpsM warps over the queries (32 each) x kDqWarpsD over head_dim.
+  static constexpr int kDqWarpsM = kBlockM / 32, kDqWarpsD = kWarps / kDqWarpsM, kDqCols = kHeadDim / kDqWarpsD;
+  using TileKV = SmemTile<kBlockN, kHeadDim>;  // K_j, V_j
+  using TileQ = SmemTile<kBlockM, kHeadDim>;   // Q_i, dO_i
+  using TileP = SmemTile<kBlockN, kBlockM>;    // P^T, dS^T
+  static constexpr int kSmemBytes = bwd_smem_bytes(kConfig);
+  static_assert(kSmemBytes == 2 * TileKV::kBytes + 2 * 2 * TileQ::kBytes + 2 * TileP::kBytes + 2 * 2 * kBlockM * 4);
+};
+
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTraits<T, kHeadDim>::kConfig.ctas_per_sm)
+    bwd_main_2d_kernel(const BwdParams p) {
+  using Tr = Bwd2dTraits<T, kHeadDim>;
+  using TileKV = typename Tr::TileKV;
+  using TileQ = typename Tr::TileQ;
+  using TileP = typename Tr::TileP;
+  constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kThreads = Tr::kThreads;
+  constexpr int kSNp = Tr::kSCols / 16, kKvNp = Tr::kKvCols / 16, kDqNp = Tr::kDqCols / 16;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + TileKV::kElements;
+  T* sQ = sV + TileKV::kElements;      // [2][block_m x head_dim]
+  T* sDo = sQ + 2 * TileQ::kElements;  // [2][block_m x head_dim]
+  T* sP = sDo + 2 * TileQ::kElements;  // P^T (block_n x block_m)
+  T* sDs = sP + TileP::kElements;      // dS^T (block_n x block_m)
+  float* sLse = reinterpret_cast<float*>(sDs + TileP::kElements);  // [2][block_m]
+  float* sD = sLse + 2 * kBlockM;                                  // [2][block_m]
+
+  const int n_block = blockIdx.x, head_kv = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
+  const BwdSeq seq = bwd_sequence(p, b);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+  const int n0 = n_block * kBlockN, n1 = n0 + kBlockN;
+  if (n0 >= seqlen_k) return;
+  const bool vectorized = p.vectorized != 0;
+  const Mask mask(seqlen_q, seqlen_k, p.causal != 0, p.window_left, p.window_right);
+
+  // q-blocks that see this k-block: a contiguous range (visible key ranges grow with the row).
+  const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
+  int i_begin = 0;
+  while (i_begin < num_m && mask.key_end(min((i_begin + 1) * kBlockM, seqlen_q) - 1) <= n0) ++i_begin;
+  int i_end = i_begin;
+  while (i_end < num_m && mask.key_begin(int64_t(i_end) * kBlockM) < n1) ++i_end;
+  const int m_range = i_end - i_begin, num_iters = p.group * m_range;
+
+  const T* k_tile = static_cast<const T*>(p.k) +
+                    bwd_offset(seq, seq.k_start, p.k_batch_stride, p.k_row_stride, p.k_head_stride, n0, head_kv);
+  const T* v_tile = static_cast<const T*>(p.v) +
+                    bwd_offset(seq, seq.k_start, p.v_batch_stride, p.v_row_stride, p.v_head_stride, n0, head_kv);
+  load_tile<T, kBlockN, kHeadDim, kThreads>(sK, k_tile, p.k_row_stride, seqlen_k - n0, p.head_dim, vectorized);
+  load_tile<T, kBlockN, kHeadDim, kThreads>(sV, v_tile, p.v_row_stride, seqlen_k - n0, p.head_dim, vectorized);
+
+  // Iteration it: query head head_kv * group + it / m_range, q-block i_begin + it % m_range.
+  auto load_q_block = [&](int it, int buf) {
+    const int h = head_kv * p.group + it / m_range, m0 = (i_begin + it % m_range) * kBlockM;
+    const T* q_tile = static_cast<const T*>(p.q) +
+                      bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, h);
+    const T* do_tile = static_cast<const T*>(p.dout) +
+                       bwd_offset(seq, seq.q_start, p.do_batch_stride, p.do_row_stride, p.do_head_stride, m0, h);
+    load_tile<T, kBlockM, kHeadDim, kThreads>(sQ + buf * TileQ::kElements, q_tile, p.q_row_stride, seqlen_q - m0,
+                                              p.head_dim, vectorized);
+    load_tile<T, kBlockM, kHeadDim, kThreads>(sDo + buf * TileQ::kElements, do_tile, p.do_row_stride, seqlen_q - m0,
+                                              p.head_dim, vectorized);
+    const int64_t lse_row = p.cu_seqlens_q ? int64_t(h) * p.rows_q + seq.q_start + m0
+                                           : (seq.batch_q * p.num_heads + h) * p.seqlen_q + m0;
+    const int64_t d_row = int64_t(h) * p.rows_q + seq.ws_row + m0;
+    if (tid < kBlockM) {
+      const bool valid = m0 + tid < seqlen_q;
+      cp_async_4(sLse + buf * kBlockM + tid, p.lse + (valid ? lse_row + tid : 0), valid);
+    } else if (tid < 2 * kBlockM) {
+      const int r = tid - kBlockM;
+      const bool valid = m0 + r < seqlen_q;
+      cp_async_4(sD + buf * kBlockM + r, p.d_sum + (valid ? d_row + r : 0), valid);
+    }
+  };
+  if (num_iters > 0) load_q_block(0, 0);
+  cp_async_commit();
+
+  // Warp tiles: keys key0 .. key0 + 31 of S^T, dP^T (query columns sq0 ..) and of dK, dV (head_dim
+  // columns kv_d0 ..); dQ rows dq_m0 .. dq_m0 + 31, columns dq_d0 ...
+  const int key0 = (warp % Tr::kWarpsN) * 32, wx = warp / Tr::kWarpsN;
+  const int sq0 = wx * Tr::kSCols, kv_d0 = wx * Tr::kKvCols;
+  const int dq_m0 = (warp % Tr::kDqWarpsM) * 32, dq_d0 = (warp / Tr::kDqWarpsM) * Tr::kDqCols;
+
+  float acc_dk[2][2 * kKvNp][4], acc_dv[2][2 * kKvNp][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < 2 * kKvNp; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dk[mi][nt][e] = acc_dv[mi][nt][e] = 0.f;
+
+  // ldmatrix lane addresses (patterns in mma.cuh): A of K/V rows and of P^T/dS^T rows, B of Q/dO
+  // [q][d], B^T of Q/dO and K ([row][d], .trans), A^T of dS^T [key][q] (.trans).
+  const WarpCursor<kBlockN, kHeadDim> cur_k_a(smem_addr(sK), key0 + lane % 16, lane / 16, 0);
+  const WarpCursor<kBlockM, kHeadDim> cur_q_b(smem_addr(sQ), sq0 + 8 * (lane / 16) + lane % 8, (lane / 8) % 2, 0);
+  const WarpCursor<kBlockN, kBlockM> cur_p_a(smem_addr(sP), key0 + lane % 16, lane / 16, 0);
+  const WarpCursor<kBlockM, kHeadDim> cur_q_bt(smem_addr(sQ), 8 * ((lane / 8) % 2) + lane % 8, lane / 16, kv_d0);
+  const WarpCursor<kBlockN, kBlockM> cur_ds_at(smem_addr(sDs), lane % 8 + 8 * (lane / 16), (lane / 8) % 2, dq_m0);
+  const WarpCursor<kBlockN, kHeadDim> cur_k_bt(smem_addr(sK), 8 * ((lane / 8) % 2) + lane % 8, lane / 16, dq_d0);
+  // Offsets from Q to dO, from P^T to dS^T (same tile shapes, same lane patterns).
+  constexpr uint32_t kDoOff = 2 * TileQ::kBytes, kDsOff = TileP::kBytes, kVOff = TileKV::kBytes;
+  static_assert(kVOff % 128 == 0 && kDoOff % 128 == 0 && kDsOff % 128 == 0 && TileQ::kBytes % 128 == 0);
+
+  for (int it = 0; it < num_iters; ++it) {
+    const int buf = it & 1;
+    cp_async_wait<0>();
+    __syncthreads();  // tile `it` landed; every warp is done with iteration it - 1 (its buffers, P^T, dS^T)
+    if (it + 1 < num_iters) load_q_block(it + 1, buf ^ 1);
+    cp_async_commit();
+
+    const int h = head_kv * p.group + it / m_range, m_block = i_begin + it % m_range, m0 = m_block * kBlockM;
+    const uint32_t q_buf = buf * TileQ::kBytes;  // + the Q / dO cursors: this iteration's tiles
+
+    // Boundary blocks: visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (block coordinates).
+    const int mlast = min(m0 + kBlockM, seqlen_q) - 1;
+    const bool need_mask = !(mask.key_begin(mlast) <= n0 && mask.key_end(m0) >= n1 && m0 + kBlockM <= seqlen_q &&
+                             n1 <= seqlen_k);
+    int band_lo = -(1 << 30), band_hi = 1 << 30;
+    if (need_mask) {
+      const int64_t diag = int64_t(seqlen_k) - seqlen_q - (n0 - m0);  // key row - query column on the diagonal
+      if (mask.left >= 0) band_lo = int(max(int64_t(band_lo), diag - mask.left));
+      if (mask.right >= 0) band_hi = int(min(int64_t(band_hi), diag + mask.right));
+    }
+    const int rows_k = seqlen_k - n0, cols_q = seqlen_q - m0;
+
+    {
+      // S^T = K Q_i^T and dP^T = V dO_i^T on the warp's 32 keys x kSCols queries.
+      float s[2][2 * kSNp][4], dp[2][2 * kSNp][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < 2 * kSNp; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mi][nt][e] = dp[mi][nt][e] = 0.f;
+      // One product at a time: fewer fragments live next to the accumulators.
+      auto gemm_st = [&](float (&acc)[2][2 * kSNp][4], uint32_t a_off, uint32_t b_off) {
+#pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          uint32_t a[2][4];
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) ldsm_x4(a[mi], cur_k_a.at(mi * 16, kk * 16) + a_off);
+#pragma unroll
+          for (int np = 0; np < kSNp; ++np) {
+            uint32_t bf[4];
+            ldsm_x4(bf, cur_q_b.at(np * 16, kk * 16) + b_off);
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+              mma_16816<T>(acc[mi][2 * np], a[mi], bf[0], bf[1]);
+              mma_16816<T>(acc[mi][2 * np + 1], a[mi], bf[2], bf[3]);
+            }
+          }
+        }
+      };
+      gemm_st(s, 0, q_buf);
+      gemm_st(dp, kVOff, q_buf + kDoOff);
+
+      // P^T, dS^T in place, then to shared memory as 16-bit.
+      const float* lse_cols = sLse + buf * kBlockM + sq0 + 2 * t;  // + nt * 8 + {0, 1}
+      const float* dsum_cols = sD + buf * kBlockM + sq0 + 2 * t;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const BandMask band{key0 + mi * 16 + g, sq0 + 2 * t, band_lo, band_hi, rows_k, cols_q};
+        if (need_mask || p.softcap > 0.f) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
+        else probs_and_grads<false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, false);
+      }
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < 2 * kSNp; ++nt) {
+          const int row = key0 + mi * 16 + g, col = sq0 + nt * 8;
+          *reinterpret_cast<uint32_t*>(sP + TileP::offset(row, col) + 2 * t) = pack2<T>(s[mi][nt][0], s[mi][nt][1]);
+          *reinterpret_cast<uint32_t*>(sP + TileP::offset(row + 8, col) + 2 * t) = pack2<T>(s[mi][nt][2], s[mi][nt][3]);
+          *reinterpret_cast<uint32_t*>(sDs + TileP::offset(row, col) + 2 * t) = pack2<T>(dp[mi][nt][0], dp[mi][nt][1]);
+          *reinterpret_cast<uint32_t*>(sDs + TileP::offset(row + 8, col) + 2 * t) =
+              pack2<T>(dp[mi][nt][2], dp[mi][nt][3]);
+        }
+    }
+    __syncthreads();  // P^T, dS^T complete
+
+    // dV += P^T dO_i, then dK += dS^T Q_i, on the warp's 32 keys x kKvCols head_dim columns.
+    auto gemm_kv = [&](float (&acc)[2][2 * kKvNp][4], uint32_t a_off, uint32_t b_off) {
+#pragma unroll
+      for (int ks = 0; ks < kBlockM / 16; ++ks) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) ldsm_x4(a[mi], cur_p_a.at(mi * 16, ks * 16) + a_off);
+#pragma unroll
+        for (int np = 0; np < kKvNp; ++np) {
+          uint32_t bf[4];
+          ldsm_x4_trans(bf, cur_q_bt.at(ks * 16, np * 16) + b_off);
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            mma_16816<T>(acc[mi][2 * np], a[mi], bf[0], bf[1]);
+            mma_16816<T>(acc[mi][2 * np + 1], a[mi], bf[2], bf[3]);
+          }
+        }
+      }
+    };
+    gemm_kv(acc_dv, 0, q_buf + kDoOff);
+    gemm_kv(acc_dk, kDsOff, q_buf);
+
+    // dQ_i += dS K_j on the warp's 32 query rows x kDqCols head_dim columns.
+    float acc_dq[2][2 * kDqNp][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < 2 * kDqNp; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dq[mi][nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / 16; ++ks) {
+      uint32_t a_ds[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) ldsm_x4_trans(a_ds[mi], cur_ds_at.at(ks * 16, mi * 16));
+#pragma unroll
+      for (int np = 0; np < kDqNp; ++np) {
+        uint32_t b_k[4];
+        ldsm_x4_trans(b_k, cur_k_bt.at(ks * 16, np * 16));
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          mma_16816<T>(acc_dq[mi][2 * np], a_ds[mi], b_k[0], b_k[1]);
+          mma_16816<T>(acc_dq[mi][2 * np + 1], a_ds[mi], b_k[2], b_k[3]);
+        }
+      }
+    }
+
+    int32_t* semaphore = nullptr;
+    if (p.deterministic) {  // wait for the k-blocks before this one that visit q-block m_block
+      semaphore = p.dq_semaphore + (int64_t(b) * p.num_heads + h) * p.num_m_blocks + m_block;
+      const int expected = n_block - int(mask.key_begin(m0) / kBlockN);
+      if (tid == 0)
+        while (ld_acquire(semaphore) != expected) {
+        }
+      __syncthreads();
+    }
+    float* acc_rows = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < 2 * kDqNp; ++nt) {
+        const int row = dq_m0 + mi * 16 + g, col = dq_d0 + nt * 8 + 2 * t;
+        if (m0 + row < seqlen_q)
+          atomic_add2(acc_rows + int64_t(row) * kHeadDim + col, acc_dq[mi][nt][0], acc_dq[mi][nt][1]);
+        if (m0 + row + 8 < seqlen_q)
+          atomic_add2(acc_rows + int64_t(row + 8) * kHeadDim + col, acc_dq[mi][nt][2], acc_dq[mi][nt][3]);
+      }
+    if (p.deterministic) {
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) atomicAdd(semaphore, 1);
+    }
+  }
+
+  // dK_j * softmax_scale and dV_j in the dtype (rows past seqlen_k and padded columns dropped).
+  T* dk = static_cast<T*>(p.dk) +
+          bwd_offset(seq, seq.k_start, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, n0, head_kv);
+  T* dv = static_cast<T*>(p.dv) +
+          bwd_offset(seq, seq.k_start, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, n0, head_kv);
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < 2 * kKvNp; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = key0 + mi * 16 + g + 8 * half, col = kv_d0 + nt * 8 + 2 * t;
+        if (n0 + row >= seqlen_k) continue;
+        store2<T>(dk + int64_t(row) * p.dk_row_stride, col, p.head_dim, acc_dk[mi][nt][2 * half] * p.softmax_scale,
+                  acc_dk[mi][nt][2 * half + 1] * p.softmax_scale, vectorized);
+        store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[mi][nt][2 * half],
+                  acc_dv[mi][nt][2 * half + 1], vectorized);
+      }
+}
+
+}  // namespace flashattn::sm80

@@ -1,0 +1,49 @@
+// Host side of the sm80 backward: the three launches of one (dtype, head_dim) instantiation, the main
+// kernel picked by the config's layout (0: bwd_main_kernel, 1: bwd_main_2d_kernel).
+#pragma once
+
+#include "cuda/sm80/bwd_kernel.cuh"
+#include "cuda/sm80/bwd_kernel_2d.cuh"
+
+namespace flashattn::sm80 {
+
+// The three launches on bp's stream.
+template <class T, int kHeadDim>
+Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores) {
+  constexpr BwdConfig kConfig = bwd_config(kHeadDim);
+  if (bp.rows_q > 0) {
+    const dim3 grid(unsigned((bp.rows_q + 7) / 8), unsigned(bp.num_heads));
+    bwd_preprocess_kernel<T, kHeadDim><<<grid, 256, 0, stream>>>(bp, num_semaphores);
+    FA_CUDA_CHECK_LAUNCH("sm80 backward preprocess");
+  }
+  if (bp.seqlen_k > 0) {
+    if constexpr (kConfig.layout == 1) {
+      using Tr = Bwd2dTraits<T, kHeadDim>;
+      auto kernel = bwd_main_2d_kernel<T, kHeadDim>;
+      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(bp.num_heads_kv),
+                      unsigned(bp.batch));
+      kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp);
+    } else {
+      using Tr = BwdTraits<T, kHeadDim>;
+      auto kernel = bwd_main_kernel<T, kHeadDim>;
+      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN * Tr::kSplitD),
+                      unsigned(bp.num_heads_kv), unsigned(bp.batch));
+      kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp);
+    }
+    FA_CUDA_CHECK_LAUNCH("sm80 backward main");
+  }
+  if (bp.rows_q > 0) {
+    const dim3 grid(unsigned((bp.rows_q + 7) / 8), unsigned(bp.num_heads));
+    bwd_convert_dq_kernel<T, kHeadDim><<<grid, 256, 0, stream>>>(bp);
+    FA_CUDA_CHECK_LAUNCH("sm80 backward convert dq");
+  }
+  return {};
+}
+
+// One explicit instantiation per (dtype, head_dim) translation unit.
+#define FLASHATTN_SM80_BWD_INSTANTIATE(T, D) \
+  template Status run_bwd<T, D>(const BwdParams&, cudaStream_t, int32_t);
+
+}  // namespace flashattn::sm80
