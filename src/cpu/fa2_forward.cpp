@@ -4,8 +4,8 @@
 // the longest (causal: last) query blocks first. Per task, for each key block of up to block_n
 // keys that some row of the query block can see (blocks outside the mask are never touched):
 //
-//   S^T = K_j Q_i^T                       (n, m)  scores, transposed: a query row per vector lane
-//   x   = S^T * scale * log2(e)           (softcap: softcap * log2(e) * tanh(scale * S / softcap))
+//   x   = K_j (Q_i * scale * log2 e)^T    (n, m)  scores in log2 units, transposed: a query row per
+//                                          vector lane (softcap: softcap * log2 e * tanh(scale S / softcap))
 //   m_new = max(m, rowmax(x));  P^T = exp2(x - m_new);  alpha = exp2(m - m_new)
 //   l = alpha * l + rowsum(P);  O = diag(alpha) O + P V_j      (O unnormalized, fp32)
 //
@@ -41,8 +41,12 @@ struct PackedKV {
   Buffer k, v;
   int64_t rows = 0;
   int d_pad = 0;
-  const float* k_row(const fa_params& p, const Sequence& seq, int64_t j, int h_kv) const { return k.get() + index(p, seq, j, h_kv); }
-  const float* v_row(const fa_params& p, const Sequence& seq, int64_t j, int h_kv) const { return v.get() + index(p, seq, j, h_kv); }
+  const float* k_row(const fa_params& p, const Sequence& seq, int64_t j, int h_kv) const {
+    return k.get() + index(p, seq, j, h_kv);
+  }
+  const float* v_row(const fa_params& p, const Sequence& seq, int64_t j, int h_kv) const {
+    return v.get() + index(p, seq, j, h_kv);
+  }
   int64_t index(const fa_params& p, const Sequence& seq, int64_t j, int h_kv) const {
     const int64_t row = (is_varlen(p) ? seq.k_start : int64_t(seq.batch_index) * p.seqlen_k) + j;
     return (h_kv * rows + row) * d_pad;
