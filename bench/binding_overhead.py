@@ -4,12 +4,17 @@
 
 Three problems: the classic small one (batch 32, seqlen 512, 16 heads, head_dim 64, causal), and
 two tiny ones (batch 1, seqlen 16 or 128, 1 head, head_dim 64) where the kernel takes microseconds,
-so the difference is the binding's own cost. For each, the raw call is fa_forward / fa_backward
-through ctypes on a prebuilt fa_params (tensors allocated once; what a C++ caller pays), and the
-binding is flashattn_torch.flash_attn_func (fresh output tensors, fa_params filled from the tensors,
-the torch.library dispatcher, autograd bookkeeping when inputs require grad). Raw and binding
-calls alternate, so drift on a busy machine hits both alike; each time is a median over --reps
-calls. CUDA calls are timed to completion (synchronize after each call), and also pipelined
+so the difference is the binding's own cost. For each:
+  raw        fa_forward / fa_backward through ctypes on a prebuilt fa_params, outputs allocated
+             once (what a C++ caller that reuses its buffers pays);
+  raw_alloc  the same call with fresh output tensors (torch.empty) each time, as any API that
+             returns new tensors must do (on the CPU, fresh large buffers are fresh pages: the
+             kernel then pays their first-touch faults);
+  binding    flashattn_torch.flash_attn_func (fresh outputs, fa_params filled from the tensors,
+             the autograd bookkeeping, and for forward_backward torch.autograd.grad).
+overhead_us = binding - raw; glue_us = binding - raw_alloc is the binding's Python cost. The
+variants alternate call by call, so drift on a busy machine hits all alike; each time is a
+median over --reps calls. CUDA calls are timed to completion (synchronize after each call), and also pipelined
 (N calls back to back, one synchronize) where the binding's host time hides behind the kernels.
 Prints one JSON object (bench/results/ keeps the ones that were run, with the machine).
 """
@@ -91,6 +96,8 @@ def bench_problem(batch, seqlen, heads, head_dim, dtype, device, reps):
     p_bwd = with_workspace(raw_params(q, k, v, out, lse, dout, dq, dk, dv), device, True, keep)
     _lib.check(_lib.lib.fa_forward(ctypes.byref(p_fwd), _lib.impl))  # out and lse for the raw backward
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    # Private copies for raw_alloc, whose output pointers change every call.
+    a_fwd, a_bwd = type(p_fwd).from_buffer_copy(p_fwd), type(p_bwd).from_buffer_copy(p_bwd)
 
     def raw_forward():
         _lib.lib.fa_forward(ctypes.byref(p_fwd), _lib.impl)
@@ -98,6 +105,22 @@ def bench_problem(batch, seqlen, heads, head_dim, dtype, device, reps):
     def raw_forward_backward():
         _lib.lib.fa_forward(ctypes.byref(p_fwd), _lib.impl)
         _lib.lib.fa_backward(ctypes.byref(p_bwd), _lib.impl)
+
+    def alloc_forward():
+        o, l = torch.empty(shape, dtype=dtype, device=device), torch.empty(lse.shape, device=device)
+        ops._set_tensor(a_fwd, "o", o)
+        a_fwd.lse = l.data_ptr()
+        _lib.lib.fa_forward(ctypes.byref(a_fwd), _lib.impl)
+        return o, l
+
+    def alloc_forward_backward():
+        o, l = alloc_forward()
+        grads = [torch.empty(shape, dtype=dtype, device=device) for _ in range(3)]
+        ops._set_tensor(a_bwd, "o", o)
+        a_bwd.lse = l.data_ptr()
+        for name, g in zip(("dq", "dk", "dv"), grads):
+            ops._set_tensor(a_bwd, name, g)
+        _lib.lib.fa_backward(ctypes.byref(a_bwd), _lib.impl)
 
     def binding_forward():
         flashattn_torch.flash_attn_func(q, k, v, causal=True)
@@ -109,11 +132,13 @@ def bench_problem(batch, seqlen, heads, head_dim, dtype, device, reps):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     result = {"problem": {"batch": batch, "seqlen": seqlen, "heads": heads, "head_dim": head_dim, "causal": True,
                           "dtype": str(dtype).split(".")[-1]}}
-    for label, raw, binding in (("forward", raw_forward, binding_forward),
-                                ("forward_backward", raw_forward_backward, binding_forward_backward)):
-        t = measure({"raw": raw, "binding": binding}, reps, sync)
-        entry = {"raw_us": round(t["raw"], 1), "binding_us": round(t["binding"], 1),
-                 "overhead_us": round(t["binding"] - t["raw"], 1)}
+    for label, raw, alloc, binding in (("forward", raw_forward, alloc_forward, binding_forward),
+                                       ("forward_backward", raw_forward_backward, alloc_forward_backward,
+                                        binding_forward_backward)):
+        t = measure({"raw": raw, "raw_alloc": alloc, "binding": binding}, reps, sync)
+        entry = {"raw_us": round(t["raw"], 1), "raw_alloc_us": round(t["raw_alloc"], 1),
+                 "binding_us": round(t["binding"], 1), "overhead_us": round(t["binding"] - t["raw"], 1),
+                 "glue_us": round(t["binding"] - t["raw_alloc"], 1)}
         if device.type == "cuda":
             calls = max(10, reps)
             raw_p, bind_p = pipelined(raw, calls, sync), pipelined(binding, calls, sync)
