@@ -289,6 +289,9 @@ static std::vector<Case> check_cases(bool small) {
       add({dt, d, 4, 0, 0, 4, 2, 0, -1, -1, 0.f, true, false, true, {100, 257, 1, 40}, {300, 50, 129, 0}});
       add({dt, d, 4, 0, 0, 4, 2, 1, -1, -1, 0.f, true, false, true, {100, 257, 1, 300}, {300, 50, 129, 260}});
       add({dt, d, 3, 0, 0, 2, 2, 0, 40, 10, 5.f, true, true, true, {130, 64, 200}, {130, 500, 70}});
+      // Long key ranges: the tile configurations for many key blocks (launch_template.cuh).
+      add({dt, d, 1, 130, 8300, 2, 1, 0, -1, -1, 0.f, false, false, true, {}, {}});
+      add({dt, d, 1, 300, 8300, 2, 1, 1, -1, -1, 0.f, false, false, true, {}, {}});
     }
   }
   return cases;
@@ -319,10 +322,18 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
+  // BENCH_HDIMS / BENCH_SEQLENS (comma lists, e.g. "64" / "512,2048,16384") narrow the sweep.
+  auto listed = [](const char* env, int x) {
+    const char* list = std::getenv(env);
+    if (!list || !*list) return true;
+    const std::string s = std::string(",") + list + ",";
+    return s.find("," + std::to_string(x) + ",") != std::string::npos;
+  };
   for (int d : {64, 128, 256}) {
     for (int causal : {0, 1}) {
       for (int seqlen : {512, 1024, 2048, 4096, 8192, 16384}) {
         if (only_d && (d != only_d || causal != only_causal || seqlen != only_seqlen)) continue;
+        if (!only_d && (!listed("BENCH_HDIMS", d) || !listed("BENCH_SEQLENS", seqlen))) continue;
         const int batch = 16384 / seqlen, H = d == 256 ? 8 : 2048 / d;
         fa_params p;
         std::memset(&p, 0, sizeof p);

@@ -1,57 +1,91 @@
 #!/bin/bash
-# The Hopper forward's device run, one command: build the dev harness with parallel nvcc, check
-# it against the fp64 reference on many shapes, run compute-sanitizer on small shapes, time the
-# standard sweep. Logs go to $OUT. Usage (repository root):
-#   dev/sm90/run.sh [check] [sanitize] [bench] [ncu] [pingpong] [bn128]
-# pingpong / bn128 rebuild the kernels with a dev switch of src/cuda/sm90/params.cuh flipped
-# (ping-pong on; block_n 128 for head_dim 128), check that build and time it, for docs/sm90.md;
-# ncu profiles head_dim 128, seqlen 16k, non-causal.
+# The Hopper forward's device run, one command: build the dev harness with parallel nvcc for each
+# variant (a set of dev switches of src/cuda/sm90/params.cuh), check every variant against the fp64
+# reference (102 cases + 2 dispatch checks), time them side by side on the standard sweep (two rounds, the second in
+# reverse order), time cuDNN (torch SDPA) in the same run, run compute-sanitizer on small shapes.
+# Logs go to $OUT. Usage (repository root):
+#   dev/sm90/run.sh [check] [bench] [cudnn] [sass] [sanitize] [ncu]
+# VARIANTS below: name|head dims timed|defines (dev switches of params.cuh). "default" is the
+# library's build (per-problem tile configuration), "old" the configuration before the early
+# rescale and the per-problem block_n, "sorted" the causal one-section order (not adopted yet).
 set -u
 OUT=${OUT:-/tmp/sm90-out}
 mkdir -p "$OUT"
-STEPS=${*:-check sanitize bench}
+STEPS=${*:-check bench cudnn sass sanitize}
 B=build-sm90-dev
+VARIANTS=(
+  "default|64,128,256|"
+  "old|64,128,256|-DFLASHATTN_SM90_HDIM64_BLOCK_N=128 -DFLASHATTN_SM90_HDIM128_BLOCK_N=176 -DFLASHATTN_SM90_RESCALE_EARLY=0"
+  "sorted|64,128,256|-DFLASHATTN_SM90_CAUSAL_ONE_SECTION=1"
+)
 FLAGS="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -diag-suppress 20012
   -Xptxas=-warn-spills -DFLASHATTN_HDIM_64=1 -DFLASHATTN_HDIM_128=1 -DFLASHATTN_HDIM_256=1 -Iinclude -Isrc"
 nvidia-smi -L | tee "$OUT/device.log"
+nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv >> "$OUT/device.log"
 
-# build <dir> [defines...]: every sm90 TU and the harness, in parallel, into <dir>/sm90_harness.
-build() {
-  local dir=$1
-  shift
-  mkdir -p $dir
-  for f in src/cuda/sm90/*.cu dev/sm90/harness.cu; do
-    nvcc $FLAGS "$@" -Xptxas -v -Xcompiler -fopenmp -c $f -o $dir/$(basename $f .cu).o > $dir/$(basename $f .cu).log 2>&1 &
-  done
-}
 start=$(date +%s)
-build $B
-[[ " $STEPS " == *" pingpong "* ]] && build $B/pingpong -DFLASHATTN_SM90_PINGPONG=1
-[[ " $STEPS " == *" bn128 "* ]] && build $B/bn128 -DFLASHATTN_SM90_HDIM128_BLOCK_N=128
+mkdir -p $B
+nvcc $FLAGS -Xcompiler -fopenmp -c dev/sm90/harness.cu -o $B/harness.o > $B/harness.log 2>&1 &
+for v in "${VARIANTS[@]}"; do
+  IFS='|' read -r name hdims defs <<< "$v"
+  mkdir -p $B/$name
+  for f in src/cuda/sm90/*.cu; do
+    nvcc $FLAGS $defs -Xptxas -v -c $f -o $B/$name/$(basename $f .cu).o > $B/$name/$(basename $f .cu).log 2>&1 &
+  done
+done
 wait
-for dir in $B $B/pingpong $B/bn128; do
-  [ -f $dir/harness.o ] || continue
-  cat $dir/*.log >> "$OUT/build.log"
-  nvcc -gencode=arch=compute_90a,code=sm_90a $dir/*.o -o $dir/sm90_harness -Xcompiler -fopenmp 2>&1 | tee -a "$OUT/build.log"
+for v in "${VARIANTS[@]}"; do
+  IFS='|' read -r name hdims defs <<< "$v"
+  for l in $B/$name/*.log; do echo "== $name $(basename $l)"; cat $l; done >> "$OUT/build.log"
+  nvcc -gencode=arch=compute_90a,code=sm_90a $B/harness.o $B/$name/*.o -o $B/$name/sm90_harness -Xcompiler -fopenmp \
+    2>&1 | tee -a "$OUT/build.log"
 done
 echo "build: $(( $(date +%s) - start )) s"
-grep -E "error|registers|spill|C7508" "$OUT/build.log" | sort | uniq -c
-[ -x $B/sm90_harness ] || exit 1
+grep -E "error|registers|spill|C75" "$OUT/build.log" | sort | uniq -c
 
 for step in $STEPS; do
   case $step in
-    check) timeout 120 $B/sm90_harness check 2>&1 | tee "$OUT/check.log" | grep -v ^PASS ;;
+    check)
+      for v in "${VARIANTS[@]}"; do
+        IFS='|' read -r name hdims defs <<< "$v"
+        [ -x $B/$name/sm90_harness ] || { echo "$name: no binary"; continue; }
+        OMP_NUM_THREADS=2 timeout 100 $B/$name/sm90_harness check > "$OUT/check_$name.log" 2>&1 &
+      done
+      wait
+      for v in "${VARIANTS[@]}"; do
+        IFS='|' read -r name hdims defs <<< "$v"
+        echo "check $name: $(tail -1 "$OUT/check_$name.log")"; grep FAIL "$OUT/check_$name.log" | head -5
+      done ;;
+    bench)
+      for round in 1 2; do
+        list=("${VARIANTS[@]}")
+        [ $round = 2 ] && list=($(printf '%s\n' "${VARIANTS[@]}" | tac | tr ' ' '~'))
+        for v in "${list[@]}"; do
+          IFS='|' read -r name hdims defs <<< "${v//\~/ }"
+          [ -x $B/$name/sm90_harness ] || continue
+          BENCH_HDIMS=$hdims timeout 60 $B/$name/sm90_harness bench $name 2>&1 | grep -v variant >> "$OUT/bench_round$round.log"
+        done
+      done
+      echo "variant   hdim seqlen cau  round1  round2 (TFLOP/s)"
+      join -j1 <(awk 'NF==8 {print $1":"$2":"$3":"$5, $8}' "$OUT/bench_round1.log" | sort) \
+               <(awk 'NF==8 {print $1":"$2":"$3":"$5, $8}' "$OUT/bench_round2.log" | sort) |
+        tr ':' ' ' | sort -k2,2n -k4,4n -k3,3n -k1,1 | tee "$OUT/bench_table.log" ;;
+    cudnn) timeout 90 python3 dev/sm90/cudnn_bench.py 2>&1 | tee "$OUT/cudnn.log" ;;
+    sass)
+      cuobjdump -sass $B/default/fwd_hdim128_bf16.o > "$OUT/sass_default_128.txt" 2>&1
+      cuobjdump -sass $B/old/fwd_hdim128_bf16.o > "$OUT/sass_old_128.txt" 2>&1
+      grep -cE "HGMMA" "$OUT/sass_default_128.txt" ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
-        timeout 90 compute-sanitizer --tool $tool $B/sm90_harness check small > "$OUT/$tool.log" 2>&1
-        echo "$tool: rc=$? $(tail -2 "$OUT/$tool.log" | tr '\n' ' ')"
+        timeout 40 compute-sanitizer --tool $tool $B/default/sm90_harness check small > "$OUT/${tool}_default.log" 2>&1
+        echo "$tool default: rc=$? $(tail -2 "$OUT/${tool}_default.log" | tr '\n' ' ')"
       done ;;
-    bench) timeout 150 $B/sm90_harness bench sm90 2>&1 | tee "$OUT/bench.log" ;;
-    pingpong | bn128)
-      timeout 120 $B/$step/sm90_harness check 2>&1 | tail -1
-      timeout 150 $B/$step/sm90_harness bench $step 2>&1 | tee "$OUT/bench_$step.log" ;;
     ncu) timeout 120 ncu --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-           --section SchedulerStats --section MemoryWorkloadAnalysis $B/sm90_harness profile 128 0 16384 > "$OUT/ncu.log" 2>&1
+           --section SchedulerStats --section MemoryWorkloadAnalysis $B/old/sm90_harness profile 128 0 16384 > "$OUT/ncu.log" 2>&1
          grep -E "Throughput|Duration|Stall|Issued|Eligible|Hit Rate|Active Warps" "$OUT/ncu.log" | head -40 ;;
   esac
 done
+echo "total: $(( $(date +%s) - start )) s"
+# Few files come back from the device machine: everything in one archive, the tables beside it.
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz * && find . -type f ! -name logs.tgz ! -name bench_table.log \
+  ! -name cudnn.log ! -name device.log -delete)

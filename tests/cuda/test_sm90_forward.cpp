@@ -40,6 +40,13 @@ std::vector<Case> sm90_forward_cases() {
       v.seqlens_q = {700, 0, 129, 1, 520}, v.seqlens_k = {900, 40, 0, 333, 520};
       v.batch = 5, v.seqlen_q = 700, v.seqlen_k = 900;
       out.push_back(v);
+      // A long key range: the tile configurations chosen for many key blocks (launch_template.cuh).
+      Case l;
+      l.dtype = dt, l.head_dim = d, l.batch = 1, l.seqlen_q = 300, l.seqlen_k = 8300, l.num_heads = 2;
+      l.num_heads_kv = 1;
+      out.push_back(l);
+      l.causal = true;
+      out.push_back(l);
     }
   }
   return out;

@@ -12,9 +12,11 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <int kHeadDim, bool kBf16>
-Status run_fwd(const fa_params& p) {
-  using T = Traits<kHeadDim, kBf16>;
+// One tile configuration's launch.
+template <class T>
+Status launch(const fa_params& p) {
+  constexpr int kHeadDim = T::kHeadDim;
+  constexpr bool kBf16 = T::kBf16;
   const bool varlen = is_varlen(p);
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q;
   const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
@@ -69,6 +71,10 @@ Status run_fwd(const fa_params& p) {
   // Snake order: measured up to 16% faster causal at head_dim 128 and 256 (seqlen 1k-8k), but
   // 10-14% slower causal at head_dim 64 with seqlen 8k-16k (docs/sm90.md); non-causal is neutral.
   fp.snake_order = kHeadDim >= 128;
+  if (FLASHATTN_SM90_CAUSAL_ONE_SECTION && p.causal) {
+    fp.heads_per_section = int32_t(num_bh);
+    fp.snake_order = 1;
+  }
 
   constexpr size_t smem_bytes = sizeof(SharedStorage<T>) + 1024;  // + alignment slack
   auto kernel = fwd_kernel<T>;
@@ -81,6 +87,34 @@ Status run_fwd(const fa_params& p) {
   kernel<<<grid, T::kThreads, smem_bytes, stream_of(p)>>>(map_q, map_k, map_v, fp);
   FA_CUDA_CHECK_LAUNCH("flashattn-sm90 forward");
   return {};
+}
+
+// The tile configuration per problem, from the side-by-side timings of docs/sm90.md (H100, bf16
+// sweep): a larger block_n pays where a tile has many key blocks, a smaller one where the
+// per-tile prologue and epilogue weigh (short sequences) or, for causal, where tiles are short.
+//   head_dim 64:  early rescale (+2-5% from 2k keys, -1-3% at 512); block_n 192 from seqlen_k 2k
+//                 (non-causal) / 8k (causal), +1-4% over block_n 128 there, slower below.
+//   head_dim 128: block_n 128 + early rescale up to seqlen_k 8k (non-causal, +2-6%) / 2k (causal,
+//                 +3-8%); block_n 176 with the rescale after the wait above (-1-5% with 128 there).
+//   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower).
+template <int kHeadDim, bool kBf16>
+Status run_fwd(const fa_params& p) {
+#if FLASHATTN_SM90_DEV_CONFIG
+  constexpr int kBlockN = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_BLOCK_N
+                          : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_BLOCK_N
+                                            : 64;
+  return launch<Traits<kHeadDim, kBf16, kBlockN, bool(FLASHATTN_SM90_RESCALE_EARLY)>>(p);
+#else
+  if constexpr (kHeadDim == 64) {
+    const bool long_keys = p.seqlen_k >= (p.causal ? 8192 : 2048);
+    return long_keys ? launch<Traits<64, kBf16, 192, true>>(p) : launch<Traits<64, kBf16, 128, true>>(p);
+  } else if constexpr (kHeadDim == 128) {
+    const bool short_keys = p.seqlen_k <= (p.causal ? 2048 : 8192);
+    return short_keys ? launch<Traits<128, kBf16, 128, true>>(p) : launch<Traits<128, kBf16, 176, false>>(p);
+  } else {
+    return launch<Traits<kHeadDim, kBf16, 64, false>>(p);
+  }
+#endif
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -5,6 +5,8 @@
 //   producer:  q | k0 v0 | k1 v1 | k2 v2 ...          (waits on *_empty, arms *_full with bytes)
 //   consumer:  issue S(n) and O += P(n+1) v(n+1) -> wait S(n), free k -> softmax(n)
 //              -> wait O, free v -> rescale O, P(n) to registers -> issue S(n-1), O += P(n) v(n) ...
+// With Traits::kRescaleEarly the rescale of O moves between the issue of S(n-1) and that of
+// O += P(n) v(n), off the path from the wait for O to the next issue.
 //
 // Key blocks run from the last to the first, so the blocks that need element masking (the
 // diagonal for causal, the end of the sequence) come first.
@@ -212,10 +214,14 @@ struct Consumer {
     }
   }
 
-  // Skipped when no row of the warp has a new max (corr = 1 exactly, the common case after the
-  // first blocks): this runs on the critical path between the wait for O += P v and the next issue.
+  // kRescaleEarly off: runs on the critical path between the wait for O += P v and the next issue,
+  // skipped when no row of the warp has a new max (corr = 1 exactly, the common case after the
+  // first blocks). On: runs while the tensor cores compute S, off that path, unconditionally (a
+  // branch between two wgmma issues was not tried).
   __device__ __forceinline__ void rescale_o(const float (&corr)[2]) {
-    if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
+    if constexpr (!T::kRescaleEarly) {
+      if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
+    }
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n)
 #pragma unroll
@@ -223,6 +229,15 @@ struct Consumer {
         o[4 * n + 2 * i] *= corr[i];
         o[4 * n + 2 * i + 1] *= corr[i];
       }
+  }
+
+  // The rescale of O by corr of the block whose P v is issued next, placed after the issue of S
+  // (the fences pin it there: O is not touched by that wgmma) and before the wgmma that reads O.
+  __device__ __forceinline__ void rescale_between_issues(const float (&corr)[2]) {
+    fence_registers(o);
+    rescale_o(corr);
+    fence_registers(o);
+    wgmma_fence();
   }
 
   // P in the A-operand register layout of wgmma (that of mma.sync m16n8k16, per warp).
@@ -308,6 +323,7 @@ struct Consumer {
       pingpong_wait<T>(consumer_wg);
       wgmma_fence();
       issue_qk(s, q_rows, smem.k[pipe.index]);
+      if constexpr (T::kRescaleEarly) rescale_between_issues(corr);
       issue_pv(pa, smem.v[prev_stage]);
       pingpong_pass<T>(consumer_wg);
       wgmma_wait<1>();  // S is done; O += P v may still run
@@ -330,7 +346,7 @@ struct Consumer {
 #pragma unroll
       for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);  // read by the tensor cores until here
       if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
-      rescale_o(corr);
+      if constexpr (!T::kRescaleEarly) rescale_o(corr);
       to_a_operand(s, pa);
       prev_stage = pipe.index;
       prev_phase = pipe.phase;
@@ -340,6 +356,7 @@ struct Consumer {
     // The last O += P v.
     mbar_wait(&smem.v_full[prev_stage], prev_phase);
     pingpong_wait<T>(consumer_wg);
+    if constexpr (T::kRescaleEarly) rescale_o(corr);
     wgmma_fence();
     issue_pv(pa, smem.v[prev_stage]);
     pingpong_pass<T>(consumer_wg);

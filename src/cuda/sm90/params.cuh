@@ -10,10 +10,32 @@
 #define FLASHATTN_SM90_PINGPONG 0
 #endif
 
-// Dev switch: block_n of head_dim 128. 176 measured 2% (non-causal) and 4% (causal) faster than
-// 128 at 16k (docs/sm90.md).
+// Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
+// choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
+// (128 or 192) and 128 (128 or 176), and where the O rescale runs (Traits::kRescaleEarly).
+// dev/sm90/run.sh builds its variants with them.
+#if defined(FLASHATTN_SM90_HDIM64_BLOCK_N) || defined(FLASHATTN_SM90_HDIM128_BLOCK_N) || \
+    defined(FLASHATTN_SM90_RESCALE_EARLY)
+#define FLASHATTN_SM90_DEV_CONFIG 1
+#ifndef FLASHATTN_SM90_HDIM64_BLOCK_N
+#define FLASHATTN_SM90_HDIM64_BLOCK_N 128
+#endif
 #ifndef FLASHATTN_SM90_HDIM128_BLOCK_N
 #define FLASHATTN_SM90_HDIM128_BLOCK_N 176
+#endif
+#ifndef FLASHATTN_SM90_RESCALE_EARLY
+#define FLASHATTN_SM90_RESCALE_EARLY 0
+#endif
+#else
+#define FLASHATTN_SM90_DEV_CONFIG 0
+#endif
+
+// Dev switch: causal tiles ordered longest first over all (batch, head) pairs (one L2 section)
+// instead of inside sections of a few heads; with the snake order that balances the CTAs' work
+// (a model of the schedule: 1.00-1.03x the ideal makespan against 1.05-1.8x now). Not measured
+// yet, so off (docs/sm90.md).
+#ifndef FLASHATTN_SM90_CAUSAL_ONE_SECTION
+#define FLASHATTN_SM90_CAUSAL_ONE_SECTION 0
 #endif
 
 namespace flashattn::cuda::sm90 {
@@ -40,16 +62,21 @@ struct FwdParams {
   int32_t snake_order;        // rounds of tiles alternate direction (scheduler.cuh)
 };
 
-// Tile configuration per head dim: block_m = 128 rows of q (two consumer warpgroups of 64 rows),
-// block_n keys per step, stages of the k/v ring. Shared memory: q + stages * (k + v).
-template <int kHeadDim_, bool kBf16_>
+// Tile configuration: block_m = 128 rows of q (two consumer warpgroups of 64 rows), block_n keys
+// per step, stages of the k/v ring. Shared memory: q + stages * (k + v). The configurations in
+// use (launch_template.cuh picks one per problem):
+//   head_dim 64:  block_n 128 or 192, 3 stages (112 or 160 KB), early rescale.
+//   head_dim 128: block_n 176, 2 stages (208 KB); block_n 128 with the early rescale (160 KB).
+//   head_dim 256: block_n 64, 2 stages (192 KB); O alone is 128 registers a thread.
+// kRescaleEarly: the O rescale runs between the issue of S = q k^T and that of O += P v, while the
+// tensor cores compute S; otherwise after the wait for O += P v (mainloop.cuh).
+template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kBlockM = 128;
-  // 64: 128 keys a step, 3 stages (112 KB). 128: 176 keys, 2 stages (208 KB).
-  // 256: 64 keys, 2 stages (192 KB); O alone is 128 registers a thread.
-  static constexpr int kBlockN = kHeadDim == 256 ? 64 : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_BLOCK_N : 128;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr bool kRescaleEarly = kRescaleEarly_;
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);

@@ -1,0 +1,50 @@
+"""cuDNN attention (torch SDPA, CUDNN_ATTENTION backend) on the standard sweep, in the same run as
+the sm90 harness: bf16, 16k tokens, hidden 2048 (8 heads at head_dim 256), q/k/v (b, s, h, d) as
+the harness lays them out, seen as (b, h, s, d). Median of 15 CUDA-event timings, TFLOP/s as the
+harness counts them. Usage: python3 dev/sm90/cudnn_bench.py  (BENCH_HDIMS / BENCH_SEQLENS as the
+harness)."""
+import os
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import torch.nn.functional as F
+
+
+def listed(env, x):
+    v = os.environ.get(env, "")
+    return not v or str(x) in v.split(",")
+
+
+def main():
+    print(f"{'variant':<10} {'hdim':>5} {'seqlen':>6} {'bat':>4} {'cau':>3} {'heads':>7} {'ms':>10} {'TFLOP/s':>8}")
+    for d in (64, 128, 256):
+        for causal in (0, 1):
+            for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
+                if not listed("BENCH_HDIMS", d) or not listed("BENCH_SEQLENS", seqlen):
+                    continue
+                b, h = 16384 // seqlen, 8 if d == 256 else 2048 // d
+                q, k, v = (torch.randn(b, seqlen, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                           for _ in range(3))
+                try:
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        for _ in range(3):
+                            F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+                        ts = []
+                        for _ in range(15):
+                            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                            e0.record()
+                            F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+                            e1.record()
+                            torch.cuda.synchronize()
+                            ts.append(e0.elapsed_time(e1))
+                except RuntimeError as e:
+                    print(f"cudnn d={d} seqlen={seqlen} causal={causal}: {str(e).splitlines()[0]}", flush=True)
+                    continue
+                ms = sorted(ts)[len(ts) // 2]
+                flops = 4.0 * b * h * seqlen * seqlen * d / (2 if causal else 1)
+                print(f"{'cudnn':<10} {d:>5} {seqlen:>6} {b:>4} {causal:>3} {h:>7} {ms:>10.4f} {flops / ms / 1e9:>8.1f}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
