@@ -32,9 +32,13 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     _unsupported(dropout_p, alibi_slopes, block_table)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** (-0.5)
+    elif softmax_scale == 0:
+        raise ValueError("flashattn: softmax_scale=0.0 is not supported (the library reads 0 as its default "
+                         "1/sqrt(head_dim)); pass None for the default")
     left, right = _window(window_size)
+    softcap = float(softcap) if softcap > 0 else 0.0  # flash_attn: softcap <= 0 means off
     out, lse = ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale),
-                             bool(causal), left, right, float(softcap), bool(deterministic))
+                             bool(causal), left, right, softcap, bool(deterministic))
     return (out, lse, None) if return_attn_probs else out
 
 

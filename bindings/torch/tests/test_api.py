@@ -120,6 +120,13 @@ def test_library_errors_arrive_with_its_message():
         flash_attn_func(q, q, q, window_size=(-5, 0))
 
 
+def test_softcap_at_or_below_zero_is_off_and_scale_zero_raises():
+    q, k, v = rand(1, 8, 2, 32), rand(1, 8, 2, 32), rand(1, 8, 2, 32)
+    assert torch.equal(flash_attn_func(q, k, v, softcap=-1.0), flash_attn_func(q, k, v))
+    with pytest.raises(ValueError, match="softmax_scale=0.0"):
+        flash_attn_func(q, k, v, softmax_scale=0.0)
+
+
 def test_python_side_errors():
     q = rand(1, 8, 2, 32)
     with pytest.raises(TypeError, match="float64"):
