@@ -100,7 +100,7 @@ TEST(Dtype, HalfRoundingMatchesTheCompilerOnRandomFloats) {
 TEST(Dtype, Bfloat16RoundingIsNearestEven) {
   std::mt19937 rng(777);
   for (int i = 0; i < 2000000; ++i) {
-    const float f = from_bits(rng() & 0x7f7fffffu | (rng() & 1u) << 31);  // finite, every exponent
+    const float f = from_bits((rng() & 0x7f7fffffu) | (rng() & 1u) << 31);  // finite, every exponent
     ASSERT_EQ(float_to_bf16(f), bf16_oracle(f)) << std::hexfloat << f;
   }
   EXPECT_EQ(float_to_bf16(from_bits(0x3f808000u)), 0x3f80u);  // tie, even stays

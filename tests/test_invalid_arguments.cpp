@@ -97,7 +97,9 @@ TEST(InvalidArguments, TheValidBaseProblemIsAccepted) {
     Buffers b;
     EXPECT_EQ(fa_forward(&b.p, impl), FA_OK) << fa_last_error();
     EXPECT_STREQ(fa_last_error(), "");
-    if (has_backward(impl)) EXPECT_EQ(fa_backward(&b.p, impl), FA_OK) << fa_last_error();
+    if (has_backward(impl)) {
+      EXPECT_EQ(fa_backward(&b.p, impl), FA_OK) << fa_last_error();
+    }
     b.make_varlen();
     EXPECT_EQ(fa_forward(&b.p, impl), FA_OK) << fa_last_error();
   }
