@@ -7,7 +7,7 @@
 #   dev/sm90/run.sh [check] [bench] [cudnn] [sass] [sanitize] [ncu]
 # VARIANTS below: name|head dims timed|defines (dev switches of params.cuh). "default" is the
 # library's build (per-problem tile configuration), "old" the configuration before the early
-# rescale and the per-problem block_n, "sorted" the causal one-section order (not adopted yet).
+# rescale and the per-problem block_n.
 set -u
 OUT=${OUT:-/tmp/sm90-out}
 mkdir -p "$OUT"
@@ -16,7 +16,6 @@ B=build-sm90-dev
 VARIANTS=(
   "default|64,128,256|"
   "old|64,128,256|-DFLASHATTN_SM90_HDIM64_BLOCK_N=128 -DFLASHATTN_SM90_HDIM128_BLOCK_N=176 -DFLASHATTN_SM90_RESCALE_EARLY=0"
-  "sorted|64,128,256|-DFLASHATTN_SM90_CAUSAL_ONE_SECTION=1"
 )
 FLAGS="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -diag-suppress 20012
   -Xptxas=-warn-spills -DFLASHATTN_HDIM_64=1 -DFLASHATTN_HDIM_128=1 -DFLASHATTN_HDIM_256=1 -Iinclude -Isrc"

@@ -71,7 +71,11 @@ Status launch(const fa_params& p) {
   // Snake order: measured up to 16% faster causal at head_dim 128 and 256 (seqlen 1k-8k), but
   // 10-14% slower causal at head_dim 64 with seqlen 8k-16k (docs/sm90.md); non-causal is neutral.
   fp.snake_order = kHeadDim >= 128;
-  if (FLASHATTN_SM90_CAUSAL_ONE_SECTION && p.causal) {
+  // Causal, head_dim >= 128, long sequences: tiles ordered longest first over all (batch, head)
+  // pairs (one L2 section) with the snake order balance the CTAs' work: measured +9-60% at
+  // seqlen 4k-16k (d256 causal 16k: 414 -> 655 TFLOP/s), but 20-25% slower at 512-2k, and no
+  // gain at head_dim 64 (docs/sm90.md, step 7).
+  if (p.causal && kHeadDim >= 128 && p.seqlen_q >= 4096) {
     fp.heads_per_section = int32_t(num_bh);
     fp.snake_order = 1;
   }

@@ -30,14 +30,6 @@
 #define FLASHATTN_SM90_DEV_CONFIG 0
 #endif
 
-// Dev switch: causal tiles ordered longest first over all (batch, head) pairs (one L2 section)
-// instead of inside sections of a few heads; with the snake order that balances the CTAs' work
-// (a model of the schedule: 1.00-1.03x the ideal makespan against 1.05-1.8x now). Not measured
-// yet, so off (docs/sm90.md).
-#ifndef FLASHATTN_SM90_CAUSAL_ONE_SECTION
-#define FLASHATTN_SM90_CAUSAL_ONE_SECTION 0
-#endif
-
 namespace flashattn::cuda::sm90 {
 
 // What the kernel reads besides the three tensor maps (q, k, v are read through TMA only).
