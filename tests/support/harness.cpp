@@ -329,10 +329,11 @@ std::vector<std::string> judge_forward(const Problem& pr, const Outputs& ref, co
           check_lse(pr, pr.lse, ref.lse, o)};
 }
 
-// Gradients get a per-element fp32 floor (plain_backward's *_floor): a backward recomputes P from
-// the forward's fp32 lse and dP, D = rowsum(dO * O) in fp32, where the plain implementation uses
-// its own self-consistent P; it matters where the plain error vanishes (seqlen_k = 1: dS = 0
-// exactly) or where the lse is large (scores ~1e4: the fp32 lse is off by ~1e-3). All floors take
+// Gradients get a per-element floor (plain_backward's *_floor): a backward recomputes P from the
+// forward's fp32 lse, dP in fp32, and D = rowsum(dO * O) from o as stored in the dtype, where the
+// plain implementation uses its own self-consistent P and D = rowsum(P * dP); it matters where the
+// plain error vanishes (a row seeing one key: dS = 0 exactly there) or where the lse is large
+// (scores ~1e4: the fp32 lse is off by ~1e-3). All floors take
 // rounding errors at their random-walk size, lambda sqrt(n) u with lambda = 4 (Higham & Mary).
 std::vector<std::string> judge_backward(const Problem& pr, const Outputs& ref, const Outputs& plain) {
   auto floor = [](const std::vector<float>& f) { return std::vector<double>(f.begin(), f.end()); };

@@ -124,6 +124,8 @@ Outputs plain_backward(const Problem& pr) {
   out.dk_floor.assign(pr.kf.size(), 0.f);
   out.dv_floor.assign(pr.vf.size(), 0.f);
   const float dot_err = 4 * std::sqrt(2.f * float(d)) * kU32;  // dP_ij and D_i: two fp32 dot products of length d
+  // The unit roundoff of o as stored in the dtype: a backward's D_i = dO_i . O_i reads that o.
+  const float o_round = pr.c.dtype == FA_FLOAT32 ? kU32 : pr.c.dtype == FA_FLOAT16 ? 1.f / (1 << 11) : 1.f / (1 << 8);
   const int nbatch = pr.varlen ? int(pr.cu_q.size()) - 1 : pr.c.batch, nhk = pr.c.num_heads_kv;
   const int group = pr.c.num_heads / nhk;
   const float cap = pr.c.softcap;
@@ -139,27 +141,34 @@ Outputs plain_backward(const Problem& pr) {
       for (int h = hk * group; h < (hk + 1) * group; ++h) {
         Head hd(pr, b, h);
         hd.forward();
-        // ds_err: the fp32 error a recomputing backward may make in dS_ij,
-        // (dot_err + eps_i) P_ij (|dP_ij| + |D_i|) |dcap| scale; it flows into dq and dk like dS.
+        // ds_err: the error a recomputing backward may make in dS_ij beyond the plain one's,
+        // ((dot_err + eps_i) (|dP_ij| + |D_i|) + dD_i) P_ij |dcap| scale, where dD_i is D's error from
+        // o rounded to the dtype; it flows into dq and dk like dS.
         std::vector<float> ds(size_t(sq * sk), 0.f), ds_err(size_t(sq * sk), 0.f), acc(static_cast<size_t>(d));
         for (int64_t i = 0; i < sq; ++i) {
           const float* dout = &pr.dof[hd.qi(i)];
           // dP_ij = round(dO_i . V_j); D_i = sum_j P_ij dP_ij; dS_ij = round(P_ij (dP_ij - D_i))
-          std::vector<float> dp(size_t(sk), 0.f);
+          std::vector<float> dp(size_t(sk), 0.f), o(static_cast<size_t>(d), 0.f);
           float D = 0.f;
           for (int64_t j = 0; j < sk; ++j) {
             float pij = hd.p[size_t(i * sk + j)];
             if (pij == 0.f) continue;
             const float* v = &pr.vf[hd.ki(j)];
             float a = 0.f;
-            for (int c = 0; c < d; ++c) a += dout[c] * v[c];
+            for (int c = 0; c < d; ++c) {
+              a += dout[c] * v[c];
+              o[size_t(c)] += pij * v[c];
+            }
             dp[size_t(j)] = hd.r(a);
             D += pij * dp[size_t(j)];
           }
+          float dD = 0.f;  // 4 o_round sqrt(sum_c (dO_ic O_ic)^2): o's rounding errors at random-walk size
+          for (int c = 0; c < d; ++c) dD += (dout[c] * o[size_t(c)]) * (dout[c] * o[size_t(c)]);
+          dD = 4 * o_round * std::sqrt(dD);
           for (int64_t j = 0; j < sk; ++j) {
             float pij = hd.p[size_t(i * sk + j)];
             if (pij == 0.f) continue;
-            float x = hd.r(pij * (dp[size_t(j)] - D)), x_err = (dot_err + hd.eps[size_t(i)]) * pij * (std::fabs(dp[size_t(j)]) + std::fabs(D));
+            float x = hd.r(pij * (dp[size_t(j)] - D)), x_err = ((dot_err + hd.eps[size_t(i)]) * (std::fabs(dp[size_t(j)]) + std::fabs(D)) + dD) * pij;
             if (cap > 0.f) {
               float th = hd.t[size_t(i * sk + j)];
               x = hd.r(x * (1.f - th * th));
