@@ -86,7 +86,8 @@ def pipelined(fn, calls, sync):
     return (time.perf_counter() - t0) * 1e6 / calls
 
 
-def bench_problem(batch, seqlen, heads, head_dim, dtype, device, reps):
+def bench_problem(batch, seqlen, heads, head_dim, dtype, device, reps, threads):
+    torch.set_num_threads(threads)  # the CPU backend uses torch's thread count, in both paths
     shape = (batch, seqlen, heads, head_dim)
     q, k, v, dout = (torch.randn(shape, dtype=dtype, device=device) for _ in range(4))
     out, dq, dk, dv = (torch.empty(shape, dtype=dtype, device=device) for _ in range(4))
@@ -131,7 +132,9 @@ def bench_problem(batch, seqlen, heads, head_dim, dtype, device, reps):
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     result = {"problem": {"batch": batch, "seqlen": seqlen, "heads": heads, "head_dim": head_dim, "causal": True,
-                          "dtype": str(dtype).split(".")[-1]}}
+                          "dtype": str(dtype).split(".")[-1]}, "reps": reps}
+    if device.type == "cpu":
+        result["cpu_threads"] = threads
     for label, raw, alloc, binding in (("forward", raw_forward, alloc_forward, binding_forward),
                                        ("forward_backward", raw_forward_backward, alloc_forward_backward,
                                         binding_forward_backward)):
@@ -158,18 +161,21 @@ def main():
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype or ("float16" if device.type == "cuda" else "float32")]
     cuda = device.type == "cuda"
-    problems = [("classic", (32, 512, 16, 64), args.reps or (50 if cuda else 5)),
-                ("tiny_seqlen_16", (1, 16, 1, 64), args.reps or 200),
-                ("tiny_seqlen_128", (1, 128, 1, 64), args.reps or 200)]
+    # The tiny problems run the CPU backend on one thread: on a shared machine the wake-up of a
+    # second OpenMP thread can take milliseconds, which would swamp the microseconds measured.
+    all_threads = torch.get_num_threads()
+    problems = [("classic", (32, 512, 16, 64), args.reps or (50 if cuda else 5), all_threads),
+                ("tiny_seqlen_16", (1, 16, 1, 64), args.reps or 200, 1),
+                ("tiny_seqlen_128", (1, 128, 1, 64), args.reps or 200, 1)]
     report = {
         "device": torch.cuda.get_device_name(device) if cuda else f"CPU ({platform.processor() or platform.machine()}, "
-                                                                  f"{os.cpu_count()} cores, torch threads "
-                                                                  f"{torch.get_num_threads()})",
+                                                                  f"{os.cpu_count()} cores)",
         "torch": torch.__version__, "library": flashattn_torch.library_path, "impl": os.environ.get("FLASHATTN_IMPL", "auto"),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average_1min": round(os.getloadavg()[0], 2),  # other programs on the machine skew CPU times
     }
-    for name, (b, s, h, d), reps in problems:
-        report[name] = bench_problem(b, s, h, d, dtype, device, reps)
+    for name, (b, s, h, d), reps, threads in problems:
+        report[name] = bench_problem(b, s, h, d, dtype, device, reps, threads)
     print(json.dumps(report, indent=2))
 
 
