@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,9 @@ struct Case {  // one problem
   int num_threads = 0;          // CPU threads (0: every core)
   std::string name() const;     // readable, for test names / messages
 };
+
+// gtest prints a Case parameter by its name.
+inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
 // Built with CUDA and a GPU exists.
 bool cuda_present();
