@@ -167,6 +167,47 @@ def gradient_floor_varlen(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, **kw):
     return tuple(torch.cat([part[i][0] for part in parts], 0) for i in range(3))
 
 
+def lse_bound(q, k, lse_ref, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0):
+    """Per-row bound on |lse - ref| from fp32 error analysis, as the C++ harness's check_lse has it:
+    the scores' dot products (d + 4) u scale |q||k|, the sum of n exponentials and its rescalings
+    (2 n + 16) u, the exp2/log conversions and the final add 8 u (|lse| + max |s|)."""
+    q, k = q.detach().double(), k.detach().double()
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    if sk == 0:  # no key: every lse is -inf, checked exactly
+        return torch.ones(b, h, sq, dtype=torch.float64, device=q.device)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    mask = visible(sq, sk, causal, window[0], window[1], q.device)                     # (sq, sk)
+    k_norm = k.norm(dim=-1).repeat_interleave(h // hk, dim=2).permute(0, 2, 1)          # (b, h, sk)
+    k_max = torch.where(mask, k_norm[:, :, None, :], 0.0).amax(-1)                      # (b, h, sq)
+    a = scale * q.norm(dim=-1).permute(0, 2, 1) * k_max
+    smax = a.clamp(max=softcap) if softcap > 0 else a
+    n = mask.sum(-1).double()                                                           # (sq,)
+    ref = lse_ref.detach().double().abs().where(torch.isfinite(lse_ref), 0.0)
+    return (d + 4) * U32 * a + 4 * U32 * softcap + (2 * n + 16) * U32 + 8 * U32 * (ref + smax)
+
+
+def lse_bound_varlen(q, k, lse_ref, cu_seqlens_q, cu_seqlens_k, **kw):
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    parts = [lse_bound(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], lse_ref[None, :, cq[b]:cq[b + 1]], **kw)[0]
+             for b in range(len(cq) - 1)]
+    return torch.cat(parts, 1)
+
+
+def check_lse(lse, ref, bound):
+    """-inf exactly where the reference has it, elsewhere |lse - ref| <= the fp32 bound."""
+    lse, ref, bound = lse.detach().double().cpu(), ref.detach().double().cpu(), bound.double().cpu()
+    assert lse.shape == ref.shape, f"lse: shape {tuple(lse.shape)} != reference {tuple(ref.shape)}"
+    assert not lse.isnan().any(), f"lse: {int(lse.isnan().sum())} NaN elements"
+    inf = torch.isinf(ref)
+    assert torch.equal(torch.isinf(lse), inf) and torch.equal(lse[inf], ref[inf]), "lse: infinities differ"
+    err = (lse - ref).abs().where(~inf, 0.0)
+    worst = int((err / bound).argmax())
+    assert err.flatten()[worst] <= bound.flatten()[worst], (
+        f"lse: |lse - ref| = {err.flatten()[worst].item():.3g} (lse {lse.flatten()[worst].item():.8g}, ref "
+        f"{ref.flatten()[worst].item():.8g}) exceeds the fp32 bound {bound.flatten()[worst].item():.3g}")
+
+
 def rounding_atol(ref, dtype):
     r = ref.to(dtype)
     y = ((r + 0.3).to(dtype) - 0.3).to(dtype)
