@@ -39,6 +39,16 @@ def rand(*shape, dtype=torch.float16, device="cpu"):
     return torch.randn(shape, dtype=dtype, device=device)
 
 
+def assert_same(a, b):
+    """Bitwise equal on the CPU (one code path whatever the strides). On CUDA the backend may pick a
+    different kernel for different strides (TMA needs aligned ones), so there the two agree only to
+    rounding: a stride bug gives errors of order 1, far above this tolerance."""
+    if a.is_cuda:
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
+    else:
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_packed_variants_equal_unpacked(device):
     b, s, h, d = 2, 40, 4, 64
@@ -50,14 +60,14 @@ def test_packed_variants_equal_unpacked(device):
     q, k, v = (qkv.detach()[:, :, i].clone().requires_grad_() for i in range(3))
     out = flash_attn_func(q, k, v, causal=True)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    assert torch.equal(out_packed, out)
-    assert torch.equal(dqkv, torch.stack(grads, 2))
+    assert_same(out_packed, out)
+    assert_same(dqkv, torch.stack(grads, 2))
 
     kv = torch.stack((k.detach(), v.detach()), 2).requires_grad_()
     out_kv = flash_attn_kvpacked_func(q, kv, causal=True)
-    assert torch.equal(out_kv, out)
+    assert_same(out_kv, out)
     (dkv,) = torch.autograd.grad(out_kv, kv, dout)
-    assert torch.equal(dkv, torch.stack(grads[1:], 2))
+    assert_same(dkv, torch.stack(grads[1:], 2))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -67,8 +77,8 @@ def test_varlen_packed_variants_equal_unpacked(device):
     qkv = rand(50, 3, h, d, device=device)
     q, k, v = qkv.unbind(1)
     out = flash_attn_varlen_func(q, k, v, cu, cu, 23, 23, causal=True)
-    assert torch.equal(flash_attn_varlen_qkvpacked_func(qkv, cu, 23, causal=True), out)
-    assert torch.equal(flash_attn_varlen_kvpacked_func(q, qkv[:, 1:], cu, cu, 23, 23, causal=True), out)
+    assert_same(flash_attn_varlen_qkvpacked_func(qkv, cu, 23, causal=True), out)
+    assert_same(flash_attn_varlen_kvpacked_func(q, qkv[:, 1:], cu, cu, 23, 23, causal=True), out)
 
 
 def test_return_attn_probs_gives_out_lse_none_like_flash_attn():
@@ -153,9 +163,9 @@ def test_strided_inputs_read_in_place_and_match_contiguous(dtype, device):
     qc, kc, vc = (t.detach().contiguous().requires_grad_() for t in (q, k, v))
     out_c = flash_attn_func(qc, kc, vc, causal=True)
     grads_c = torch.autograd.grad(out_c, (qc, kc, vc), dout.contiguous())
-    assert torch.equal(out, out_c)
+    assert_same(out, out_c)
     for g, gc in zip(grads, grads_c):
-        assert torch.equal(g, gc)
+        assert_same(g, gc)
 
 
 def test_head_dim_not_contiguous_is_copied():
