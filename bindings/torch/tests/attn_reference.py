@@ -136,10 +136,13 @@ def plain_sequential_varlen(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, **kw):
 
 
 def gradient_floor(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0):
-    """Per-element fp32 floor of (dq, dk, dv), as the C++ harness (tests/support/harness.cpp) has it:
-    a backward recomputes P, dP_ij = dO_i . V_j and D_i = dO_i . O_i in fp32, each dot product off by
-    up to (d + 8) u of its |terms|, so dS_ij is off by up to (2 d + 16) u P_ij (|dP_ij| + |D_i|),
-    and each gradient element by (2 d + 16) u times its sum of |terms|."""
+    """Per-element fp32 floors of (o, dq, dk, dv), as the C++ harness (tests/support/plain.cpp) has them.
+    o: a flash forward computes P_ij from fp32 scores, a running max and sum and lse, each exact to
+    eps_i = 4 u (|lse_i| + max_j |s_ij| + sqrt(n_i) + sqrt(d) max_j scale |q_i| . |k_j|) relative,
+    so o_ic is off by up to eps_i sum_j P_ij |v_jc|.
+    Gradients: a backward recomputes P, dP_ij = dO_i . V_j and D_i = dO_i . O_i in fp32, each dot
+    product off by up to (d + 8) u of its |terms|, so dS_ij is off by up to (2 d + 16) u P_ij
+    (|dP_ij| + |D_i|), and each gradient element by (2 d + 16) u times its sum of |terms|."""
     q, k, v, dout = (t.detach().double() for t in (q, k, v, dout))
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -157,14 +160,22 @@ def gradient_floor(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, 
     dk_abs = torch.einsum("bhij,bihd->bjhd", ds_abs, q.abs()).unflatten(2, (hk, h // hk)).sum(3)
     dv_abs = torch.einsum("bhij,bihd->bjhd", p, dout.abs()).unflatten(2, (hk, h // hk)).sum(3)
     c = (2 * d + 16) * U32
-    return c * dq_abs, c * dk_abs, c * dv_abs
+    def row_max(x):  # (b, h, sq, sk) -> (b, h, sq), 0 with no key
+        return x.where(mask, 0.0).amax(-1) if sk > 0 else x.new_zeros(x.shape[:-1])
+    dot_abs = row_max(torch.einsum("bihd,bjhd->bhij", q.abs(), ke.abs()) * abs(scale))
+    s_abs = row_max(s.abs())
+    lse = torch.logsumexp(torch.where(mask, s, float("-inf")), -1)
+    n = mask.sum(-1).double()
+    eps = 4 * U32 * (lse.abs().where(torch.isfinite(lse), 0.0) + s_abs + n.sqrt() + math.sqrt(d) * dot_abs)
+    o_abs = torch.einsum("bhij,bjhd->bihd", p * eps[..., None], ve.abs())
+    return o_abs, c * dq_abs, c * dk_abs, c * dv_abs
 
 
 def gradient_floor_varlen(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, **kw):
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     parts = [gradient_floor(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
                             dout[None, cq[b]:cq[b + 1]], **kw) for b in range(len(cq) - 1)]
-    return tuple(torch.cat([part[i][0] for part in parts], 0) for i in range(3))
+    return tuple(torch.cat([part[i][0] for part in parts], 0) for i in range(4))
 
 
 def lse_bound(q, k, lse_ref, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0):
