@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs when they are missing (as root), or names them.
 set -euo pipefail
-pkgs=(cmake make g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev python3)
+pkgs=(cmake make g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev python3 python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

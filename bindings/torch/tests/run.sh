@@ -25,6 +25,17 @@ pip_install() {
   "$PY" -m pip install --quiet --retries 2 --timeout 60 "$@"
 }
 
+# A system Python that refuses pip installs (PEP 668, e.g. Debian's /usr/bin/python3): use a venv
+# in build-python/ that still sees the system's packages.
+if "$PY" -c "import os, sys, sysconfig; sys.exit(not (sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED'))))"; then
+  venv=build-python/venv
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "== python binding: $PY is externally managed (PEP 668): creating the venv $venv =="
+    "$PY" -m venv --system-site-packages "$venv" || fail "could not create a venv (Debian package python3-venv)"
+  fi
+  PY=$PWD/$venv/bin/python
+fi
+
 missing=()
 "$PY" -c "import torch" 2>/dev/null || missing+=(torch)
 "$PY" -c "import pytest" 2>/dev/null || missing+=(pytest)
