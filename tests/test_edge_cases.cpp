@@ -19,18 +19,6 @@ using namespace fa_test;
 const fa_impl kForwardImpls[] = {FA_IMPL_CPU_REFERENCE, FA_IMPL_CPU_FA1, FA_IMPL_CPU_FA2};
 const fa_impl kBackwardImpls[] = {FA_IMPL_CPU_REFERENCE, FA_IMPL_CPU_FA2};
 
-Case make(fa_dtype dt, int batch, int sq, int sk, int h, int hk, int d) {
-  Case c;
-  c.dtype = dt;
-  c.batch = batch;
-  c.seqlen_q = sq;
-  c.seqlen_k = sk;
-  c.num_heads = h;
-  c.num_heads_kv = hk;
-  c.head_dim = d;
-  return c;
-}
-
 bool all_zero(const std::vector<float>& x) {
   for (float v : x)
     if (v != 0.f) return false;
@@ -40,7 +28,7 @@ bool all_zero(const std::vector<float>& x) {
 TEST(EdgeCases, NoKeysGiveZeroOutputAndMinusInfinityLse) {
   for (fa_impl impl : kForwardImpls)
     for (fa_dtype dt : {FA_FLOAT32, FA_BFLOAT16}) {
-      Problem pr = make_problem(make(dt, 2, 9, 0, 2, 1, 64), 0);
+      Problem pr = make_problem(make_case(dt, 2, 9, 0, 2, 1, 64), 0);
       ASSERT_EQ(run_impl(pr, impl, Space::Host, false), "") << fa_impl_name(impl);
       EXPECT_TRUE(all_zero(pr.o.get())) << fa_impl_name(impl);
       for (float x : pr.lse) ASSERT_TRUE(std::isinf(x) && x < 0) << fa_impl_name(impl) << " lse " << x;
@@ -49,7 +37,7 @@ TEST(EdgeCases, NoKeysGiveZeroOutputAndMinusInfinityLse) {
 
 TEST(EdgeCases, NoKeysGiveZeroQueryGradient) {
   for (fa_impl impl : kBackwardImpls) {
-    Problem pr = make_problem(make(FA_FLOAT16, 2, 9, 0, 2, 1, 64), 0);
+    Problem pr = make_problem(make_case(FA_FLOAT16, 2, 9, 0, 2, 1, 64), 0);
     ASSERT_EQ(run_impl(pr, impl, Space::Host, false), "");
     ASSERT_EQ(run_impl(pr, impl, Space::Host, true), "") << fa_impl_name(impl);
     EXPECT_TRUE(all_zero(pr.dq.get())) << fa_impl_name(impl);
@@ -58,7 +46,7 @@ TEST(EdgeCases, NoKeysGiveZeroQueryGradient) {
 
 // A window (0, 0) with seqlen_q > seqlen_k: rows above the shifted diagonal see no key at all.
 Case window_excludes_everything(fa_dtype dt) {
-  Case c = make(dt, 2, 40, 11, 2, 2, 32);
+  Case c = make_case(dt, 2, 40, 11, 2, 2, 32);
   c.window_left = 0;
   c.window_right = 0;
   return c;
@@ -89,7 +77,7 @@ TEST(EdgeCases, RowsWhoseWindowExcludesEveryKeyGetZeroGradients) {
 
 TEST(EdgeCases, CausalWithMoreQueriesThanKeysMasksTheTopRows) {
   for (fa_impl impl : kForwardImpls) {
-    Case c = make(FA_BFLOAT16, 1, 50, 7, 3, 1, 64);
+    Case c = make_case(FA_BFLOAT16, 1, 50, 7, 3, 1, 64);
     c.causal = true;
     EXPECT_TRUE(check_forward(c, impl, Space::Host)) << fa_impl_name(impl);
   }
@@ -139,7 +127,7 @@ TEST(EdgeCases, VarlenBatchOfEmptySequencesIsANoOp) {
 
 TEST(EdgeCases, EmptyQueryRowsLeaveOutputUntouched) {
   for (fa_impl impl : kForwardImpls) {
-    Case c = make(FA_FLOAT16, 1, 1, 1, 2, 2, 64);
+    Case c = make_case(FA_FLOAT16, 1, 1, 1, 2, 2, 64);
     c.seqlens_q = {0, 0};
     c.seqlens_k = {5, 3};
     c.seqlen_q = 0;
@@ -154,7 +142,7 @@ TEST(EdgeCases, EmptyQueryRowsLeaveOutputUntouched) {
 TEST(EdgeCases, LargeScoresDoNotOverflowForward) {
   for (fa_impl impl : kForwardImpls)
     for (fa_dtype dt : {FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16}) {
-      Case c = make(dt, 1, 33, 70, 2, 2, 64);
+      Case c = make_case(dt, 1, 33, 70, 2, 2, 64);
       c.softmax_scale = 1200.f;
       c.cpu_cache_bytes = 16384;
       EXPECT_TRUE(check_forward(c, impl, Space::Host)) << fa_impl_name(impl);
@@ -170,7 +158,7 @@ TEST(EdgeCases, LargeScoresDoNotOverflowForward) {
 TEST(EdgeCases, LargeScoresDoNotOverflowBackward) {
   for (fa_impl impl : kBackwardImpls)
     for (fa_dtype dt : {FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16}) {
-      Case c = make(dt, 1, 33, 70, 2, 2, 64);
+      Case c = make_case(dt, 1, 33, 70, 2, 2, 64);
       c.softmax_scale = 150.f;  // |q.k| ~ 64 * 0.5^2 * ... ~ 60: scores ~ 1e4
       c.causal = true;
       c.cpu_cache_bytes = 16384;
@@ -190,7 +178,7 @@ TEST(EdgeCases, LargeScoresDoNotOverflowBackward) {
 // A softcap turns scores of ~1e4 into ~cap: the same inputs stay finite and correct.
 TEST(EdgeCases, SoftcapTamesLargeScores) {
   for (fa_impl impl : kForwardImpls) {
-    Case c = make(FA_FLOAT32, 1, 20, 45, 2, 1, 64);
+    Case c = make_case(FA_FLOAT32, 1, 20, 45, 2, 1, 64);
     c.softmax_scale = 1200.f;
     c.softcap = 30.f;
     EXPECT_TRUE(check_forward(c, impl, Space::Host)) << fa_impl_name(impl);
@@ -202,7 +190,7 @@ TEST(EdgeCases, SoftcapTamesLargeScores) {
 TEST(EdgeCases, ThreadCountAndBlockSizesDoNotChangeCorrectness) {
   for (int threads : {1, 2, 3})
     for (int64_t cache : {int64_t(1), int64_t(4096), int64_t(1) << 20}) {
-      Case c = make(FA_FLOAT16, 2, 131, 77, 4, 2, 64);
+      Case c = make_case(FA_FLOAT16, 2, 131, 77, 4, 2, 64);
       c.causal = true;
       c.num_threads = threads;
       c.cpu_cache_bytes = cache;

@@ -10,12 +10,7 @@
 namespace {
 
 using fa_test::Case;
-
-Case make(fa_dtype dt, int batch, int sq, int sk, int h, int hk, int d) {
-  Case c;
-  c.dtype = dt, c.batch = batch, c.seqlen_q = sq, c.seqlen_k = sk, c.num_heads = h, c.num_heads_kv = hk, c.head_dim = d;
-  return c;
-}
+using fa_test::make_case;
 
 std::vector<Case> sm80_backward_cases() {
   std::vector<Case> out;
@@ -23,27 +18,27 @@ std::vector<Case> sm80_backward_cases() {
     for (const Case& c : fa_test::standard_backward_cases(dt, 256)) out.push_back(c);
     // Several k-blocks (128 keys each at head_dim <= 128, 64 above) and q-blocks (64 rows).
     for (int d : {32, 64, 96, 128, 192, 256}) {
-      Case c = make(dt, 1, 200, 333, 4, 2, d);
+      Case c = make_case(dt, 1, 200, 333, 4, 2, d);
       out.push_back(c);
       c.causal = true;
       out.push_back(c);
     }
-    Case c = make(dt, 2, 300, 77, 4, 4, 128);  // causal with seqlen_q > seqlen_k: fully masked rows
+    Case c = make_case(dt, 2, 300, 77, 4, 4, 128);  // causal with seqlen_q > seqlen_k: fully masked rows
     c.causal = true;
     out.push_back(c);
-    c = make(dt, 1, 260, 260, 8, 1, 64);  // MQA: one CTA sums dK, dV over 8 query heads
+    c = make_case(dt, 1, 260, 260, 8, 1, 64);  // MQA: one CTA sums dK, dV over 8 query heads
     c.window_left = 70, c.window_right = 0;
     out.push_back(c);
-    c = make(dt, 1, 1, 1, 2, 2, 128);  // one key: dS = 0 exactly, dq, dk are rounding noise of D
+    c = make_case(dt, 1, 1, 1, 2, 2, 128);  // one key: dS = 0 exactly, dq, dk are rounding noise of D
     out.push_back(c);
-    c = make(dt, 1, 40, 0, 2, 2, 64);  // no keys: dq = 0
+    c = make_case(dt, 1, 40, 0, 2, 2, 64);  // no keys: dq = 0
     out.push_back(c);
     for (int d : {16, 80, 136, 200}) {  // padded to the next kernel head_dim
-      c = make(dt, 1, 150, 170, 2, 1, d);
+      c = make_case(dt, 1, 150, 170, 2, 1, d);
       c.causal = d == 80;
       out.push_back(c);
     }
-    c = make(dt, 1, 130, 140, 2, 2, 64);  // strides not a multiple of 8: element-wise loads and stores
+    c = make_case(dt, 1, 130, 140, 2, 2, 64);  // strides not a multiple of 8: element-wise loads and stores
     c.row_padding = 3;
     out.push_back(c);
     c.softcap = 20.f, c.row_padding = 0, c.seqlens_q = {0, 130, 64, 1}, c.seqlens_k = {9, 0, 300, 200};
@@ -58,13 +53,13 @@ std::vector<Case> sm80_deterministic_cases() {
   std::vector<Case> out;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
     for (int d : {64, 128, 256}) {
-      Case c = make(dt, 2, 256, 1000, 4, 2, d);
+      Case c = make_case(dt, 2, 256, 1000, 4, 2, d);
       c.deterministic = true;
       out.push_back(c);
       c.causal = true;
       out.push_back(c);
     }
-    Case c = make(dt, 1, 1, 1, 4, 1, 64);
+    Case c = make_case(dt, 1, 1, 1, 4, 1, 64);
     c.deterministic = true, c.causal = true, c.window_left = 100;
     c.seqlens_q = {700, 0, 300}, c.seqlens_k = {900, 50, 290};
     c.batch = 3, c.seqlen_q = 700, c.seqlen_k = 900;

@@ -420,19 +420,20 @@ std::string join_errors(const std::vector<std::string>& errors) {
 // ---------------------------------------------------------------------------------------------
 // The standard case lists.
 
-namespace {
-
-Case make(fa_dtype dt, int batch, int sq, int sk, int h, int hk, int d) {
+Case make_case(fa_dtype dtype, int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_kv, int head_dim) {
   Case c;
-  c.dtype = dt;
+  c.dtype = dtype;
   c.batch = batch;
-  c.seqlen_q = sq;
-  c.seqlen_k = sk;
-  c.num_heads = h;
-  c.num_heads_kv = hk;
-  c.head_dim = d;
+  c.seqlen_q = seqlen_q;
+  c.seqlen_k = seqlen_k;
+  c.num_heads = num_heads;
+  c.num_heads_kv = num_heads_kv;
+  c.head_dim = head_dim;
   return c;
 }
+
+namespace {
+
 Case causal(Case c) {
   c.causal = true;
   return c;
@@ -482,28 +483,28 @@ std::vector<Case> standard_forward_cases(fa_dtype dt, int max_head_dim) {
   std::vector<Case> v;
   // Every head dim, square and not, causal and not.
   for (int d : kHeadDims) {
-    v.push_back(make(dt, 2, 128, 128, 2, 2, d));
-    v.push_back(causal(make(dt, 1, 129, 127, 2, 2, d)));
-    v.push_back(small_blocks(causal(make(dt, 1, 17, 200, 1, 1, d))));
+    v.push_back(make_case(dt, 2, 128, 128, 2, 2, d));
+    v.push_back(causal(make_case(dt, 1, 129, 127, 2, 2, d)));
+    v.push_back(small_blocks(causal(make_case(dt, 1, 17, 200, 1, 1, d))));
   }
   // Every seqlen of the list, causal and not; 1000 for a few head dims.
   for (int n : {1, 2, 17, 127, 128, 129}) {
-    v.push_back(make(dt, 2, n, n, 2, 2, 64));
-    v.push_back(small_blocks(causal(make(dt, 1, n, n, 3, 3, 64))));
+    v.push_back(make_case(dt, 2, n, n, 2, 2, 64));
+    v.push_back(small_blocks(causal(make_case(dt, 1, n, n, 3, 3, 64))));
   }
-  v.push_back(make(dt, 1, 1000, 1000, 1, 1, 64));
-  v.push_back(small_blocks(causal(make(dt, 1, 1000, 1000, 1, 1, 128))));
-  v.push_back(causal(make(dt, 1, 1000, 1000, 1, 1, 32)));
+  v.push_back(make_case(dt, 1, 1000, 1000, 1, 1, 64));
+  v.push_back(small_blocks(causal(make_case(dt, 1, 1000, 1000, 1, 1, 128))));
+  v.push_back(causal(make_case(dt, 1, 1000, 1000, 1, 1, 32)));
   // seqlen_q < seqlen_k (decode-like) and > seqlen_k (causal rows above the diagonal fully masked).
-  v.push_back(causal(make(dt, 2, 1, 1000, 4, 4, 64)));
-  v.push_back(small_blocks(causal(make(dt, 1, 128, 1000, 2, 2, 64))));
-  v.push_back(small_blocks(causal(make(dt, 1, 1000, 128, 1, 1, 64))));
-  v.push_back(causal(make(dt, 3, 2, 17, 2, 2, 64)));
-  v.push_back(causal(make(dt, 3, 17, 2, 2, 2, 64)));
-  v.push_back(make(dt, 2, 129, 1, 2, 2, 64));
+  v.push_back(causal(make_case(dt, 2, 1, 1000, 4, 4, 64)));
+  v.push_back(small_blocks(causal(make_case(dt, 1, 128, 1000, 2, 2, 64))));
+  v.push_back(small_blocks(causal(make_case(dt, 1, 1000, 128, 1, 1, 64))));
+  v.push_back(causal(make_case(dt, 3, 2, 17, 2, 2, 64)));
+  v.push_back(causal(make_case(dt, 3, 17, 2, 2, 2, 64)));
+  v.push_back(make_case(dt, 2, 129, 1, 2, 2, 64));
   // Every mask option alone and combined, with seqlen_q shorter and longer than seqlen_k.
   for (auto [sq, sk] : {std::pair{127, 200}, std::pair{200, 127}}) {
-    Case c = small_blocks(make(dt, 1, sq, sk, 2, 2, 64));
+    Case c = small_blocks(make_case(dt, 1, sq, sk, 2, 2, 64));
     v.push_back(causal(c));
     v.push_back(window(c, 32, -1));
     v.push_back(window(c, -1, 16));
@@ -518,21 +519,21 @@ std::vector<Case> standard_forward_cases(fa_dtype dt, int max_head_dim) {
     v.push_back(softcap(c, 0.f, 0.3f));
   }
   // GQA 8:1 and MQA.
-  v.push_back(causal(make(dt, 1, 129, 129, 16, 2, 64)));
-  v.push_back(small_blocks(make(dt, 2, 65, 190, 8, 1, 128)));
-  v.push_back(window(causal(make(dt, 1, 200, 127, 4, 1, 64)), 16, -1));
-  v.push_back(make(dt, 1, 77, 77, 4, 2, 96));
+  v.push_back(causal(make_case(dt, 1, 129, 129, 16, 2, 64)));
+  v.push_back(small_blocks(make_case(dt, 2, 65, 190, 8, 1, 128)));
+  v.push_back(window(causal(make_case(dt, 1, 200, 127, 4, 1, 64)), 16, -1));
+  v.push_back(make_case(dt, 1, 77, 77, 4, 2, 96));
   // Varlen batches with zero-length sequences (q, k or both).
-  Case vl = small_blocks(make(dt, 1, 1, 1, 2, 2, 64));
+  Case vl = small_blocks(make_case(dt, 1, 1, 1, 2, 2, 64));
   v.push_back(varlen(vl, {5, 0, 129, 17, 0}, {7, 13, 129, 0, 0}));
   v.push_back(causal(varlen(vl, {5, 0, 129, 17, 0}, {7, 13, 129, 0, 0})));
   v.push_back(window(softcap(varlen(vl, {64, 3, 1}, {200, 3, 70}), 3.f, 0.5f), 16, 4));
-  v.push_back(causal(varlen(make(dt, 1, 1, 1, 8, 2, 128), {1, 0, 64, 200}, {300, 5, 64, 1})));
-  v.push_back(varlen(make(dt, 1, 1, 1, 2, 1, 32), {3, 4}, {0, 0}));
+  v.push_back(causal(varlen(make_case(dt, 1, 1, 1, 8, 2, 128), {1, 0, 64, 200}, {300, 5, 64, 1})));
+  v.push_back(varlen(make_case(dt, 1, 1, 1, 2, 1, 32), {3, 4}, {0, 0}));
   // Strided views: BHSD and padded rows, alone and with varlen.
-  v.push_back(causal(strided(make(dt, 2, 127, 129, 4, 2, 64), true, 0)));
-  v.push_back(strided(make(dt, 2, 65, 67, 2, 2, 40), false, 8));
-  v.push_back(causal(strided(make(dt, 1, 70, 70, 2, 1, 128), true, 3)));
+  v.push_back(causal(strided(make_case(dt, 2, 127, 129, 4, 2, 64), true, 0)));
+  v.push_back(strided(make_case(dt, 2, 65, 67, 2, 2, 40), false, 8));
+  v.push_back(causal(strided(make_case(dt, 1, 70, 70, 2, 1, 128), true, 3)));
   v.push_back(causal(strided(varlen(vl, {5, 0, 33}, {7, 9, 40}), true, 3)));
   v.push_back(window(strided(varlen(vl, {31, 2}, {0, 45}), false, 5), 8, 8));
 
@@ -542,19 +543,19 @@ std::vector<Case> standard_forward_cases(fa_dtype dt, int max_head_dim) {
 std::vector<Case> standard_backward_cases(fa_dtype dt, int max_head_dim) {
   std::vector<Case> v;
   for (int d : kHeadDims) {
-    v.push_back(make(dt, 1, 65, 65, 2, 2, d));
-    v.push_back(small_blocks(causal(make(dt, 1, 33, 47, 1, 1, d))));
+    v.push_back(make_case(dt, 1, 65, 65, 2, 2, d));
+    v.push_back(small_blocks(causal(make_case(dt, 1, 33, 47, 1, 1, d))));
   }
   for (int n : {1, 2, 17, 127, 128, 129}) {
-    v.push_back(make(dt, 1, n, n, 2, 2, 64));
-    v.push_back(small_blocks(causal(make(dt, 2, n, n, 1, 1, 64))));
+    v.push_back(make_case(dt, 1, n, n, 2, 2, 64));
+    v.push_back(small_blocks(causal(make_case(dt, 2, n, n, 1, 1, 64))));
   }
-  v.push_back(small_blocks(causal(make(dt, 1, 1000, 1000, 1, 1, 64))));
-  v.push_back(small_blocks(causal(make(dt, 1, 17, 129, 2, 2, 64))));
-  v.push_back(small_blocks(causal(make(dt, 1, 129, 17, 2, 2, 64))));
-  v.push_back(causal(make(dt, 2, 1, 300, 2, 2, 64)));
+  v.push_back(small_blocks(causal(make_case(dt, 1, 1000, 1000, 1, 1, 64))));
+  v.push_back(small_blocks(causal(make_case(dt, 1, 17, 129, 2, 2, 64))));
+  v.push_back(small_blocks(causal(make_case(dt, 1, 129, 17, 2, 2, 64))));
+  v.push_back(causal(make_case(dt, 2, 1, 300, 2, 2, 64)));
   for (auto [sq, sk] : {std::pair{57, 91}, std::pair{91, 57}}) {
-    Case c = small_blocks(make(dt, 1, sq, sk, 2, 2, 64));
+    Case c = small_blocks(make_case(dt, 1, sq, sk, 2, 2, 64));
     v.push_back(causal(c));
     v.push_back(window(c, 16, -1));
     v.push_back(window(c, -1, 8));
@@ -564,15 +565,15 @@ std::vector<Case> standard_backward_cases(fa_dtype dt, int max_head_dim) {
     v.push_back(causal(softcap(c, 3.f, 0.5f)));
     v.push_back(causal(window(softcap(c, 3.f, 0.5f), 8, 8)));
   }
-  v.push_back(causal(make(dt, 1, 64, 64, 8, 1, 64)));
-  v.push_back(small_blocks(make(dt, 1, 33, 80, 16, 2, 64)));
-  v.push_back(window(make(dt, 1, 50, 50, 4, 2, 96), 8, 8));
-  Case vl = small_blocks(make(dt, 1, 1, 1, 2, 2, 64));
+  v.push_back(causal(make_case(dt, 1, 64, 64, 8, 1, 64)));
+  v.push_back(small_blocks(make_case(dt, 1, 33, 80, 16, 2, 64)));
+  v.push_back(window(make_case(dt, 1, 50, 50, 4, 2, 96), 8, 8));
+  Case vl = small_blocks(make_case(dt, 1, 1, 1, 2, 2, 64));
   v.push_back(varlen(vl, {5, 0, 65, 17, 0}, {7, 13, 65, 0, 0}));
   v.push_back(causal(varlen(vl, {5, 0, 65, 17, 0}, {7, 13, 65, 0, 0})));
-  v.push_back(window(causal(varlen(make(dt, 1, 1, 1, 4, 2, 64), {30, 1, 0}, {50, 4, 3})), 8, -1));
-  v.push_back(causal(strided(make(dt, 2, 45, 53, 4, 2, 64), true, 0)));
-  v.push_back(strided(make(dt, 1, 33, 35, 2, 2, 40), false, 8));
+  v.push_back(window(causal(varlen(make_case(dt, 1, 1, 1, 4, 2, 64), {30, 1, 0}, {50, 4, 3})), 8, -1));
+  v.push_back(causal(strided(make_case(dt, 2, 45, 53, 4, 2, 64), true, 0)));
+  v.push_back(strided(make_case(dt, 1, 33, 35, 2, 2, 40), false, 8));
   v.push_back(causal(strided(varlen(vl, {5, 0, 33}, {7, 9, 40}), true, 3)));
 
   return keep(v, max_head_dim);

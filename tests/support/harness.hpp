@@ -43,6 +43,9 @@ struct Case {  // one problem
   std::string name() const;     // readable, for test names / messages
 };
 
+// A Case with these sizes and dtype, every other field at its default.
+Case make_case(fa_dtype dtype, int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_kv, int head_dim);
+
 // gtest prints a Case parameter by its name.
 inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
