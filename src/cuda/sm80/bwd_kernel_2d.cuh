@@ -35,6 +35,25 @@ struct WarpCursor {
   }
 };
 
+// cp.async of a whole [kRows][kCols] tile (every row inside the sequence, head_dim == kCols, 16-byte
+// aligned rows): thread tid loads rows tid / kUnitsPerRow + j * kRowStep, 16-byte unit tid % kUnitsPerRow.
+// kRowStep is a multiple of 8 and the swizzle depends only on row % 8, so unit j's shared offset is the
+// first one plus a constant and its global offset the first plus j row steps: per unit one 64-bit add,
+// no per-unit index math or predicate (the generic load_tile spent ~25 instructions a unit, ncu).
+template <class T, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void load_whole_tile(uint32_t smem_tile, const T* gmem_tile, int64_t row_stride) {
+  using Tile = SmemTile<kRows, kCols>;
+  constexpr int kUnitsPerRow = kCols / 8, kRowStep = kThreads / kUnitsPerRow, kSteps = kRows / kRowStep;
+  static_assert(kThreads % kUnitsPerRow == 0 && kRows % kRowStep == 0 && kRowStep % 8 == 0, "whole-tile split");
+  const int r = threadIdx.x / kUnitsPerRow, c = (threadIdx.x % kUnitsPerRow) * 8;
+  const T* src = gmem_tile + (r * row_stride + c);
+  const uint32_t dst = smem_tile + uint32_t(2 * Tile::offset(r, c));
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + j * kRowStep * Tile::kChunk * 2),
+                 "l"(src + j * kRowStep * row_stride));
+}
+
 template <class T, int kHeadDim>
 struct Bwd2dTraits {
   static constexpr BwdConfig kConfig = bwd_config(kHeadDim);
@@ -98,17 +117,24 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   load_tile<T, kBlockN, kHeadDim, kThreads>(sK, k_tile, p.k_row_stride, seqlen_k - n0, p.head_dim, vectorized);
   load_tile<T, kBlockN, kHeadDim, kThreads>(sV, v_tile, p.v_row_stride, seqlen_k - n0, p.head_dim, vectorized);
 
-  // Iteration it: query head head_kv * group + it / m_range, q-block i_begin + it % m_range.
-  auto load_q_block = [&](int it, int buf) {
-    const int h = head_kv * p.group + it / m_range, m0 = (i_begin + it % m_range) * kBlockM;
+  // Q_i, dO_i, lse_i, D_i of query head h, q-block m_block into buffer buf. Whole tiles of a vectorized
+  // problem (all but the last q-block) take the WholeTileLoad path.
+  const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
+  auto load_q_block = [&](int h, int m_block, int buf) {
+    const int m0 = m_block * kBlockM;
     const T* q_tile = static_cast<const T*>(p.q) +
                       bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, h);
     const T* do_tile = static_cast<const T*>(p.dout) +
                        bwd_offset(seq, seq.q_start, p.do_batch_stride, p.do_row_stride, p.do_head_stride, m0, h);
-    load_tile<T, kBlockM, kHeadDim, kThreads>(sQ + buf * TileQ::kElements, q_tile, p.q_row_stride, seqlen_q - m0,
-                                              p.head_dim, vectorized);
-    load_tile<T, kBlockM, kHeadDim, kThreads>(sDo + buf * TileQ::kElements, do_tile, p.do_row_stride, seqlen_q - m0,
-                                              p.head_dim, vectorized);
+    if (whole_head_dim && m0 + kBlockM <= seqlen_q) {
+      load_whole_tile<T, kBlockM, kHeadDim, kThreads>(smem_addr(sQ + buf * TileQ::kElements), q_tile, p.q_row_stride);
+      load_whole_tile<T, kBlockM, kHeadDim, kThreads>(smem_addr(sDo + buf * TileQ::kElements), do_tile, p.do_row_stride);
+    } else {
+      load_tile<T, kBlockM, kHeadDim, kThreads>(sQ + buf * TileQ::kElements, q_tile, p.q_row_stride, seqlen_q - m0,
+                                                p.head_dim, vectorized);
+      load_tile<T, kBlockM, kHeadDim, kThreads>(sDo + buf * TileQ::kElements, do_tile, p.do_row_stride, seqlen_q - m0,
+                                                p.head_dim, vectorized);
+    }
     const int64_t lse_row = p.cu_seqlens_q ? int64_t(h) * p.rows_q + seq.q_start + m0
                                            : (seq.batch_q * p.num_heads + h) * p.seqlen_q + m0;
     const int64_t d_row = int64_t(h) * p.rows_q + seq.ws_row + m0;
@@ -121,7 +147,10 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       cp_async_4(sD + buf * kBlockM + r, p.d_sum + (valid ? d_row + r : 0), valid);
     }
   };
-  if (num_iters > 0) load_q_block(0, 0);
+  // Iteration it: query head head_kv * group + it / m_range, q-block i_begin + it % m_range, kept as
+  // two counters (h, m_block) and their successors (h_next, m_next) instead of divisions.
+  int h = head_kv * p.group, m_block = i_begin;
+  if (num_iters > 0) load_q_block(h, m_block, 0);
   cp_async_commit();
 
   // Warp tiles: keys key0 .. key0 + 31 of S^T, dP^T (query columns sq0 ..) and of dK, dV (head_dim
@@ -154,10 +183,12 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     const int buf = it & 1;
     cp_async_wait<0>();
     __syncthreads();  // tile `it` landed; every warp is done with iteration it - 1 (its buffers, P^T, dS^T)
-    if (it + 1 < num_iters) load_q_block(it + 1, buf ^ 1);
+    const bool next_head = m_block + 1 == i_end;
+    const int h_next = next_head ? h + 1 : h, m_next = next_head ? i_begin : m_block + 1;
+    if (it + 1 < num_iters) load_q_block(h_next, m_next, buf ^ 1);
     cp_async_commit();
 
-    const int h = head_kv * p.group + it / m_range, m_block = i_begin + it % m_range, m0 = m_block * kBlockM;
+    const int m0 = m_block * kBlockM;
     const uint32_t q_buf = buf * TileQ::kBytes;  // + the Q / dO cursors: this iteration's tiles
 
     // Boundary blocks: visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (block coordinates).
@@ -282,22 +313,27 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
         }
       __syncthreads();
     }
+    // One address per fragment row, the n8 tiles at constant offsets from it; one row test per
+    // fragment row, none in whole q-blocks.
     float* acc_rows = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+    const bool whole_m = m0 + kBlockM <= seqlen_q;
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-      for (int nt = 0; nt < 2 * kDqNp; ++nt) {
-        const int row = dq_m0 + mi * 16 + g, col = dq_d0 + nt * 8 + 2 * t;
-        if (m0 + row < seqlen_q)
-          atomic_add2(acc_rows + int64_t(row) * kHeadDim + col, acc_dq[mi][nt][0], acc_dq[mi][nt][1]);
-        if (m0 + row + 8 < seqlen_q)
-          atomic_add2(acc_rows + int64_t(row + 8) * kHeadDim + col, acc_dq[mi][nt][2], acc_dq[mi][nt][3]);
+      for (int half = 0; half < 2; ++half) {
+        const int row = dq_m0 + mi * 16 + 8 * half + g;
+        if (!whole_m && m0 + row >= seqlen_q) continue;
+        float* dst = acc_rows + (row * kHeadDim + dq_d0 + 2 * t);
+#pragma unroll
+        for (int nt = 0; nt < 2 * kDqNp; ++nt)
+          atomic_add2(dst + nt * 8, acc_dq[mi][nt][2 * half], acc_dq[mi][nt][2 * half + 1]);
       }
     if (p.deterministic) {
       __threadfence();
       __syncthreads();
       if (tid == 0) atomicAdd(semaphore, 1);
     }
+    h = h_next, m_block = m_next;
   }
 
   // dK_j * softmax_scale and dV_j in the dtype (rows past seqlen_k and padded columns dropped).
