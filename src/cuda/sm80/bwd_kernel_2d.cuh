@@ -14,6 +14,43 @@
 
 namespace flashattn::sm80 {
 
+// On sm_90 the dQ partial of a q-block leaves through shared memory and bulk reductions
+// (cp.reduce.async.bulk ... add.f32, one per row, issued by the TMA unit) instead of fp32 atomics
+// from registers: ncu showed the 16 vector atomics per thread and iteration holding their address
+// registers until the congested LSU read them (12% of stall samples). Deterministic mode keeps the
+// ordered atomics. The host adds the staging tile to the shared memory when the device is sm_90.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FLASHATTN_BWD_BULK_DQ 1
+#else
+#define FLASHATTN_BWD_BULK_DQ 0
+#endif
+
+// global[0, bytes) += shared[0, bytes) in fp32, asynchronously (bytes a multiple of 16, both
+// 16-byte aligned); one bulk group per call.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, uint32_t smem, uint32_t bytes) {
+#if FLASHATTN_BWD_BULK_DQ
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               "cp.async.bulk.commit_group;\n" ::"l"(gmem), "r"(smem), "r"(bytes) : "memory");
+#endif
+}
+// This thread's bulk groups have read their shared memory (.read) / are complete.
+__device__ __forceinline__ void bulk_wait_read() {
+#if FLASHATTN_BWD_BULK_DQ
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_wait_all() {
+#if FLASHATTN_BWD_BULK_DQ
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+// Orders this thread's ordinary shared-memory writes before later reads by the async (TMA) proxy.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if FLASHATTN_BWD_BULK_DQ
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // One lane's ldmatrix row address in a SmemTile, as a shared-memory byte address: the lane part
 // (row_t, unit_t in {0, 1}) and a per-warp column offset col_w are folded in at construction; at()
 // adds a compile-time (row_c a multiple of 8, col_c a multiple of 16) part. Rows are 64 or 128 bytes
@@ -70,6 +107,11 @@ struct Bwd2dTraits {
   using TileP = SmemTile<kBlockN, kBlockM>;    // P^T, dS^T
   static constexpr int kSmemBytes = bwd_smem_bytes(kConfig);
   static_assert(kSmemBytes == 2 * TileKV::kBytes + 2 * 2 * TileQ::kBytes + 2 * TileP::kBytes + 2 * 2 * kBlockM * 4);
+  // sm_90 dQ staging tile [block_m][head_dim + 4] fp32 after those: the 16-byte row padding puts the
+  // 8 rows of a warp's fragment store in different bank quarters (2 wavefronts per store, the minimum).
+  static constexpr int kDqRowFloats = kHeadDim + 4;
+  static constexpr int kDqStageBytes = kBlockM * kDqRowFloats * 4;
+  static_assert(kSmemBytes + kDqStageBytes <= 227 * 1024, "the staging tile must fit the H100's shared memory");
 };
 
 template <class T, int kHeadDim>
@@ -91,6 +133,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   T* sDs = sP + TileP::kElements;      // dS^T (block_n x block_m)
   float* sLse = reinterpret_cast<float*>(sDs + TileP::kElements);  // [2][block_m]
   float* sD = sLse + 2 * kBlockM;                                  // [2][block_m]
+  float* sDq = sD + 2 * kBlockM;  // sm_90: [block_m][head_dim + 4] dQ partial (Tr::kDqStageBytes)
 
   const int n_block = blockIdx.x, head_kv = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -179,10 +222,21 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   constexpr uint32_t kDoOff = 2 * TileQ::kBytes, kDsOff = TileP::kBytes, kVOff = TileKV::kBytes;
   static_assert(kVOff % 128 == 0 && kDoOff % 128 == 0 && kDsOff % 128 == 0 && TileQ::kBytes % 128 == 0);
 
+  // Bulk dQ path: iteration it stages its dQ in sDq; iteration it + 1 (after its first barrier) or the
+  // end of the kernel issues the row reductions into dq_pending (dq_pending_rows rows).
+  const bool bulk_dq = FLASHATTN_BWD_BULK_DQ && !p.deterministic;
+  float* dq_pending = nullptr;
+  int dq_pending_rows = 0;
+  auto issue_pending_dq = [&] {
+    if (bulk_dq && tid < dq_pending_rows)
+      bulk_reduce_add_f32(dq_pending + int64_t(tid) * kHeadDim, smem_addr(sDq + tid * Tr::kDqRowFloats), kHeadDim * 4);
+  };
+
   for (int it = 0; it < num_iters; ++it) {
     const int buf = it & 1;
     cp_async_wait<0>();
-    __syncthreads();  // tile `it` landed; every warp is done with iteration it - 1 (its buffers, P^T, dS^T)
+    __syncthreads();  // tile `it` landed; every warp is done with iteration it - 1 (its buffers, P^T, dS^T, sDq)
+    issue_pending_dq();
     const bool next_head = m_block + 1 == i_end;
     const int h_next = next_head ? h + 1 : h, m_next = next_head ? i_begin : m_block + 1;
     if (it + 1 < num_iters) load_q_block(h_next, m_next, buf ^ 1);
@@ -255,7 +309,8 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
               pack2<T>(dp[mi][nt][2], dp[mi][nt][3]);
         }
     }
-    __syncthreads();  // P^T, dS^T complete
+    bulk_wait_read();  // the last iteration's dQ reductions have read sDq (long done: issued an iteration ago)
+    __syncthreads();  // P^T, dS^T complete; sDq free
 
     // dV += P^T dO_i, then dK += dS^T Q_i, on the warp's 32 keys x kKvCols head_dim columns.
     auto gemm_kv = [&](float (&acc)[2][2 * kKvNp][4], uint32_t a_off, uint32_t b_off) {
@@ -304,36 +359,56 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       }
     }
 
-    int32_t* semaphore = nullptr;
-    if (p.deterministic) {  // wait for the k-blocks before this one that visit q-block m_block
-      semaphore = p.dq_semaphore + (int64_t(b) * p.num_heads + h) * p.num_m_blocks + m_block;
-      const int expected = n_block - int(mask.key_begin(m0) / kBlockN);
-      if (tid == 0)
-        while (ld_acquire(semaphore) != expected) {
+    if (bulk_dq) {  // stage dQ_i; the next iteration's first barrier publishes it to the reductions
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float* dst = sDq + (dq_m0 + mi * 16 + 8 * half + g) * Tr::kDqRowFloats + dq_d0 + 2 * t;
+#pragma unroll
+          for (int nt = 0; nt < 2 * kDqNp; ++nt)
+            *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(acc_dq[mi][nt][2 * half], acc_dq[mi][nt][2 * half + 1]);
         }
-      __syncthreads();
-    }
-    // One address per fragment row, the n8 tiles at constant offsets from it; one row test per
-    // fragment row, none in whole q-blocks.
-    float* acc_rows = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
-    const bool whole_m = m0 + kBlockM <= seqlen_q;
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = dq_m0 + mi * 16 + 8 * half + g;
-        if (!whole_m && m0 + row >= seqlen_q) continue;
-        float* dst = acc_rows + (row * kHeadDim + dq_d0 + 2 * t);
-#pragma unroll
-        for (int nt = 0; nt < 2 * kDqNp; ++nt)
-          atomic_add2(dst + nt * 8, acc_dq[mi][nt][2 * half], acc_dq[mi][nt][2 * half + 1]);
+      fence_proxy_async_shared();
+      dq_pending = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+      dq_pending_rows = min(kBlockM, seqlen_q - m0);
+    } else {
+      int32_t* semaphore = nullptr;
+      if (p.deterministic) {  // wait for the k-blocks before this one that visit q-block m_block
+        semaphore = p.dq_semaphore + (int64_t(b) * p.num_heads + h) * p.num_m_blocks + m_block;
+        const int expected = n_block - int(mask.key_begin(m0) / kBlockN);
+        if (tid == 0)
+          while (ld_acquire(semaphore) != expected) {
+          }
+        __syncthreads();
       }
-    if (p.deterministic) {
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) atomicAdd(semaphore, 1);
+      // One address per fragment row, the n8 tiles at constant offsets from it; one row test per
+      // fragment row, none in whole q-blocks.
+      float* acc_rows = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+      const bool whole_m = m0 + kBlockM <= seqlen_q;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = dq_m0 + mi * 16 + 8 * half + g;
+          if (!whole_m && m0 + row >= seqlen_q) continue;
+          float* dst = acc_rows + (row * kHeadDim + dq_d0 + 2 * t);
+#pragma unroll
+          for (int nt = 0; nt < 2 * kDqNp; ++nt)
+            atomic_add2(dst + nt * 8, acc_dq[mi][nt][2 * half], acc_dq[mi][nt][2 * half + 1]);
+        }
+      if (p.deterministic) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) atomicAdd(semaphore, 1);
+      }
     }
     h = h_next, m_block = m_next;
+  }
+  if (bulk_dq) {
+    __syncthreads();  // the last q-block's sDq is complete
+    issue_pending_dq();
+    bulk_wait_all();  // shared memory must outlive the reads; the convert kernel reads the sums
   }
 
   // dK_j * softmax_scale and dV_j in the dtype (rows past seqlen_k and padded columns dropped).

@@ -7,6 +7,13 @@
 
 namespace flashattn::sm80 {
 
+// Compute capability major of the current device: which cubin of the sm80 kernels runs (80 or 90).
+inline int device_major() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  return major;
+}
+
 // The three launches on bp's stream.
 template <class T, int kHeadDim>
 Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores) {
@@ -20,10 +27,12 @@ Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores)
     if constexpr (kConfig.layout == 1) {
       using Tr = Bwd2dTraits<T, kHeadDim>;
       auto kernel = bwd_main_2d_kernel<T, kHeadDim>;
-      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      // The sm_90 build of the kernel stages dQ in shared memory (FLASHATTN_BWD_BULK_DQ).
+      const int smem = Tr::kSmemBytes + (device_major() == 9 ? Tr::kDqStageBytes : 0);
+      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(bp.num_heads_kv),
                       unsigned(bp.batch));
-      kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp);
+      kernel<<<grid, Tr::kThreads, smem, stream>>>(bp);
     } else {
       using Tr = BwdTraits<T, kHeadDim>;
       auto kernel = bwd_main_kernel<T, kHeadDim>;
