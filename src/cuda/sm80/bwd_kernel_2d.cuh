@@ -100,6 +100,9 @@ struct Bwd2dTraits {
   // S^T, dP^T and dK, dV: kWarpsN warps over the keys (32 each) x kWarpsX over queries / head_dim.
   static constexpr int kWarpsN = kBlockN / 32, kWarpsX = kWarps / kWarpsN;
   static constexpr int kSCols = kBlockM / kWarpsX, kKvCols = kHeadDim / kWarpsX;
+  // S^T, dP^T of a warp's 32 x kSCols tile in passes of at most 32 query columns: at 64 columns
+  // (head_dim 64, block_m 128) both in registers beside dK, dV made ptxas spill 120 bytes.
+  static constexpr int kSPasses = kSCols > 32 ? kSCols / 32 : 1, kSPassCols = kSCols / kSPasses;
   // dQ: kDqWarpsM warps over the queries (32 each) x kDqWarpsD over head_dim.
   static constexpr int kDqWarpsM = kBlockM / 32, kDqWarpsD = kWarps / kDqWarpsM, kDqCols = kHeadDim / kDqWarpsD;
   using TileKV = SmemTile<kBlockN, kHeadDim>;  // K_j, V_j
@@ -122,7 +125,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   using TileQ = typename Tr::TileQ;
   using TileP = typename Tr::TileP;
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kThreads = Tr::kThreads;
-  constexpr int kSNp = Tr::kSCols / 16, kKvNp = Tr::kKvCols / 16, kDqNp = Tr::kDqCols / 16;
+  constexpr int kSNp = Tr::kSPassCols / 16, kKvNp = Tr::kKvCols / 16, kDqNp = Tr::kDqCols / 16;
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
@@ -257,8 +260,11 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     }
     const int rows_k = seqlen_k - n0, cols_q = seqlen_q - m0;
 
-    {
-      // S^T = K Q_i^T and dP^T = V dO_i^T on the warp's 32 keys x kSCols queries.
+    // S^T = K Q_i^T and dP^T = V dO_i^T on the warp's 32 keys x kSCols queries, in passes of
+    // kSPassCols queries (S^T and dP^T of a pass in registers beside dK, dV).
+#pragma unroll
+    for (int pass = 0; pass < Tr::kSPasses; ++pass) {
+      const int sqp = sq0 + pass * Tr::kSPassCols;  // the pass's first query column
       float s[2][2 * kSNp][4], dp[2][2 * kSNp][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
@@ -276,7 +282,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
 #pragma unroll
           for (int np = 0; np < kSNp; ++np) {
             uint32_t bf[4];
-            ldsm_x4(bf, cur_q_b.at(np * 16, kk * 16) + b_off);
+            ldsm_x4(bf, cur_q_b.at(pass * Tr::kSPassCols + np * 16, kk * 16) + b_off);
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi) {
               mma_16816<T>(acc[mi][2 * np], a[mi], bf[0], bf[1]);
@@ -289,11 +295,11 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       gemm_st(dp, kVOff, q_buf + kDoOff);
 
       // P^T, dS^T in place, then to shared memory as 16-bit.
-      const float* lse_cols = sLse + buf * kBlockM + sq0 + 2 * t;  // + nt * 8 + {0, 1}
-      const float* dsum_cols = sD + buf * kBlockM + sq0 + 2 * t;
+      const float* lse_cols = sLse + buf * kBlockM + sqp + 2 * t;  // + nt * 8 + {0, 1}
+      const float* dsum_cols = sD + buf * kBlockM + sqp + 2 * t;
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
-        const BandMask band{key0 + mi * 16 + g, sq0 + 2 * t, band_lo, band_hi, rows_k, cols_q};
+        const BandMask band{key0 + mi * 16 + g, sqp + 2 * t, band_lo, band_hi, rows_k, cols_q};
         if (need_mask || p.softcap > 0.f) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
         else probs_and_grads<false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, false);
       }
@@ -301,7 +307,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int nt = 0; nt < 2 * kSNp; ++nt) {
-          const int row = key0 + mi * 16 + g, col = sq0 + nt * 8;
+          const int row = key0 + mi * 16 + g, col = sqp + nt * 8;
           *reinterpret_cast<uint32_t*>(sP + TileP::offset(row, col) + 2 * t) = pack2<T>(s[mi][nt][0], s[mi][nt][1]);
           *reinterpret_cast<uint32_t*>(sP + TileP::offset(row + 8, col) + 2 * t) = pack2<T>(s[mi][nt][2], s[mi][nt][3]);
           *reinterpret_cast<uint32_t*>(sDs + TileP::offset(row, col) + 2 * t) = pack2<T>(dp[mi][nt][0], dp[mi][nt][1]);
