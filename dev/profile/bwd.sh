@@ -13,7 +13,8 @@ nvcc $F -Iinclude -Isrc -Xcompiler -fopenmp -c dev/sm80bwd/bwd_dev.cu -o $B/bd.o
 nvcc $F -Iinclude -Isrc -Xcompiler -fopenmp -c src/cpu/reference.cpp -o $B/ref.o &
 for v in new old; do
   I="-Iinclude -Isrc"; [ $v = old ] && I="-Idev/profile/old -Iinclude -Isrc"
-  for f in src/cuda/sm80/bwd_launch.cu src/cuda/sm80/bwd_hdim{64,128}_{bf16,fp16}.cu; do
+  L=src/cuda/sm80/bwd_launch.cu; [ $v = old ] && [ -f dev/profile/old/bwd_launch.cu ] && L=dev/profile/old/bwd_launch.cu
+  for f in $L src/cuda/sm80/bwd_hdim{64,128}_{bf16,fp16}.cu; do
     nvcc $F $I -Xptxas -v -c $f -o $B/$v/$(basename $f).o > $B/$v/$(basename $f).log 2>&1 &
   done
 done
@@ -29,7 +30,7 @@ for r in 1 2; do for v in new old; do
 done; done 2>&1 | tee "$OUT/bench.log"
 timeout 90 python3 dev/sm80bwd/torch_bwd.py 2>&1 | tee "$OUT/torch.log"
 if [ "${NCU:-1}" = 1 ]; then
-  BWD_BENCH_HDIM=128 timeout 200 ncu --clock-control none --set full --import-source yes -k regex:bwd_main -s 42 -c 1 \
+  BWD_BENCH_HDIM=${NCU_HDIM:-128} timeout 200 ncu --clock-control none --set full --import-source yes -k regex:bwd_main -s 42 -c 1 \
     -o "$OUT/bwd" $B/new/bwd bench > "$OUT/ncu.log" 2>&1
   ncu -i "$OUT/bwd.ncu-rep" --page source --csv --print-source sass > "$OUT/bwd_sass.csv" 2>&1
   ncu -i "$OUT/bwd.ncu-rep" --page details > "$OUT/bwd_details.txt" 2>&1
