@@ -170,57 +170,92 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
 }
 
 // ---------------------------------------------------------------------------------------------
-// 1. D = rowsum(dO * O), zero the dQ accumulator and the semaphores. One warp per (q row, head).
+// The row kernels (1 and 3): kBwdRowThreads threads per (q row, head), 8 columns (16 bytes of
+// 16-bit data) each (a power of two: rows never straddle a warp; at head_dim 96 and 192 the last
+// threads of a row idle), 256 / kBwdRowThreads rows per block. Memory-bound passes over O, dO and the
+// fp32 accumulator, which one warp per row with 2- and 4-byte accesses ran far below bandwidth.
+constexpr int bwd_pow2_ceil(int x) { return x <= 1 ? 1 : 2 * bwd_pow2_ceil((x + 1) / 2); }
+template <int kHeadDim>
+constexpr int kBwdRowThreads = bwd_pow2_ceil(kHeadDim / 8);
+template <int kHeadDim>
+constexpr int kBwdRowsPerBlock = 256 / kBwdRowThreads<kHeadDim>;
+
+// Element offsets of workspace row `row` (batch and position flattened) of head h in a (batch,
+// seqlen, heads, head_dim) or varlen (total, heads, head_dim) tensor.
+__device__ __forceinline__ int64_t bwd_row_offset(const BwdParams& p, int64_t row, int h, int64_t batch_stride,
+                                                  int64_t row_stride, int64_t head_stride) {
+  if (p.cu_seqlens_q) return row * row_stride + int64_t(h) * head_stride;
+  const int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
+  return b * batch_stride + i * row_stride + int64_t(h) * head_stride;
+}
+
+// 8 consecutive 16-bit values as fp32; columns >= cols_valid read as 0.
+template <class T>
+__device__ __forceinline__ void load8(const T* src, int cols_valid, bool vectorized, float (&x)[8]) {
+  if (vectorized && cols_valid >= 8) {
+    const uint4 u = *reinterpret_cast<const uint4*>(src);
+    const T* v = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = to_float<T>(v[e]);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) x[e] = e < cols_valid ? to_float<T>(src[e]) : 0.f;
+}
+
+// 1. D = rowsum(dO * O), zero the dQ accumulator and the semaphores.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, int32_t num_semaphores) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;  // workspace row: (batch, q) flattened
+  constexpr int kRowThreads = kBwdRowThreads<kHeadDim>;
+  const int c0 = int(threadIdx.x % kRowThreads) * 8;
+  const int64_t row = int64_t(blockIdx.x) * kBwdRowsPerBlock<kHeadDim> + threadIdx.x / kRowThreads;
   const int h = blockIdx.y;
   if (blockIdx.x == 0 && blockIdx.y == 0 && p.dq_semaphore)
     for (int i = threadIdx.x; i < num_semaphores; i += blockDim.x) p.dq_semaphore[i] = 0;
-  if (row >= p.rows_q) return;
-  int64_t off_o, off_do;
-  if (p.cu_seqlens_q) {
-    off_o = row * p.o_row_stride + int64_t(h) * p.o_head_stride;
-    off_do = row * p.do_row_stride + int64_t(h) * p.do_head_stride;
-  } else {
-    const int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
-    off_o = b * p.o_batch_stride + i * p.o_row_stride + int64_t(h) * p.o_head_stride;
-    off_do = b * p.do_batch_stride + i * p.do_row_stride + int64_t(h) * p.do_head_stride;
-  }
-  const T* o = static_cast<const T*>(p.o) + off_o;
-  const T* dout = static_cast<const T*>(p.dout) + off_do;
+  const bool valid = row < p.rows_q;  // no early return: the row's threads reduce with shuffles
   float sum = 0.f;
-  for (int c = lane; c < p.head_dim; c += 32) sum += to_float<T>(o[c]) * to_float<T>(dout[c]);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 8);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  if (valid && c0 < p.head_dim) {
+    const T* o = static_cast<const T*>(p.o) + bwd_row_offset(p, row, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+    const T* dout =
+        static_cast<const T*>(p.dout) + bwd_row_offset(p, row, h, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+    float x[8], y[8];
+    load8<T>(o + c0, p.head_dim - c0, p.vectorized != 0, x);
+    load8<T>(dout + c0, p.head_dim - c0, p.vectorized != 0, y);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum = fmaf(x[e], y[e], sum);
+  }
+#pragma unroll
+  for (int m = kRowThreads / 2; m > 0; m /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+  if (!valid || c0 >= kHeadDim) return;
   const int64_t ws = int64_t(h) * p.rows_q + row;
-  if (lane == 0) p.d_sum[ws] = sum;
-  float4* acc = reinterpret_cast<float4*>(p.dq_accum + ws * kHeadDim);
-  for (int c = lane; c < kHeadDim / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (c0 == 0) p.d_sum[ws] = sum;
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + ws * kHeadDim + c0);
+  acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// 3. dq = dQ accumulator * softmax_scale in the dtype. One warp per (q row, head).
+// 3. dq = dQ accumulator * softmax_scale in the dtype.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(256) bwd_convert_dq_kernel(const BwdParams p) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  constexpr int kRowThreads = kBwdRowThreads<kHeadDim>;
+  const int c0 = int(threadIdx.x % kRowThreads) * 8;
+  const int64_t row = int64_t(blockIdx.x) * kBwdRowsPerBlock<kHeadDim> + threadIdx.x / kRowThreads;
   const int h = blockIdx.y;
-  if (row >= p.rows_q) return;
-  int64_t off;
-  if (p.cu_seqlens_q) {
-    off = row * p.dq_row_stride + int64_t(h) * p.dq_head_stride;
-  } else {
-    const int64_t b = row / p.seqlen_q, i = row % p.seqlen_q;
-    off = b * p.dq_batch_stride + i * p.dq_row_stride + int64_t(h) * p.dq_head_stride;
+  if (row >= p.rows_q || c0 >= p.head_dim) return;
+  T* dq = static_cast<T*>(p.dq) + bwd_row_offset(p, row, h, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride) + c0;
+  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + (int64_t(h) * p.rows_q + row) * kHeadDim + c0);
+  const float4 a = acc[0], b = acc[1];
+  const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  if (p.vectorized && c0 + 8 <= p.head_dim) {
+    uint4 u;
+    uint32_t* w = reinterpret_cast<uint32_t*>(&u);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) w[e] = pack2<T>(x[2 * e] * p.softmax_scale, x[2 * e + 1] * p.softmax_scale);
+    *reinterpret_cast<uint4*>(dq) = u;
+    return;
   }
-  T* dq = static_cast<T*>(p.dq) + off;
-  const float* acc = p.dq_accum + (int64_t(h) * p.rows_q + row) * kHeadDim;
-  for (int c = 2 * lane; c < p.head_dim; c += 64) store2<T>(dq, c, p.head_dim, acc[c] * p.softmax_scale,
-                                                             acc[c + 1] * p.softmax_scale, p.vectorized != 0);
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    if (c0 + e < p.head_dim) dq[e] = from_float<T>(x[e] * p.softmax_scale);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ template <class T, int kHeadDim>
 Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores) {
   constexpr BwdConfig kConfig = bwd_config(kHeadDim);
   if (bp.rows_q > 0) {
-    const dim3 grid(unsigned((bp.rows_q + 7) / 8), unsigned(bp.num_heads));
+    const dim3 grid(unsigned((bp.rows_q + kBwdRowsPerBlock<kHeadDim> - 1) / kBwdRowsPerBlock<kHeadDim>),
+                    unsigned(bp.num_heads));
     bwd_preprocess_kernel<T, kHeadDim><<<grid, 256, 0, stream>>>(bp, num_semaphores);
     FA_CUDA_CHECK_LAUNCH("sm80 backward preprocess");
   }
@@ -44,7 +45,8 @@ Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores)
     FA_CUDA_CHECK_LAUNCH("sm80 backward main");
   }
   if (bp.rows_q > 0) {
-    const dim3 grid(unsigned((bp.rows_q + 7) / 8), unsigned(bp.num_heads));
+    const dim3 grid(unsigned((bp.rows_q + kBwdRowsPerBlock<kHeadDim> - 1) / kBwdRowsPerBlock<kHeadDim>),
+                    unsigned(bp.num_heads));
     bwd_convert_dq_kernel<T, kHeadDim><<<grid, 256, 0, stream>>>(bp);
     FA_CUDA_CHECK_LAUNCH("sm80 backward convert dq");
   }
