@@ -272,6 +272,9 @@ static std::vector<Case> check_cases(bool small) {
       if (small) {
         add({dt, d, 2, 200, 300, 2, 1, 1, -1, -1, 0.f, false, false, true, {}, {}});
         add({dt, d, 3, 0, 0, 2, 2, 0, -1, -1, 0.f, true, false, true, {70, 1, 190}, {130, 90, 5}});
+        // Two or three tiles per CTA (more tiles than SMs): the persistent loop's tile boundaries.
+        if (dt == FA_BFLOAT16) add({dt, d, 1, 130, 200, 140, 20, 1, -1, -1, 0.f, false, false, true, {}, {}});
+        if (dt == FA_BFLOAT16 && d == 64) add({dt, d, 1, 100, 2100, 140, 20, 0, -1, -1, 0.f, false, false, true, {}, {}});
         continue;
       }
       add({dt, d, 2, 384, 384, 4, 4, 0, -1, -1, 0.f, false, false, true, {}, {}});
@@ -289,6 +292,21 @@ static std::vector<Case> check_cases(bool small) {
       add({dt, d, 4, 0, 0, 4, 2, 0, -1, -1, 0.f, true, false, true, {100, 257, 1, 40}, {300, 50, 129, 0}});
       add({dt, d, 4, 0, 0, 4, 2, 1, -1, -1, 0.f, true, false, true, {100, 257, 1, 300}, {300, 50, 129, 260}});
       add({dt, d, 3, 0, 0, 2, 2, 0, 40, 10, 5.f, true, true, true, {130, 64, 200}, {130, 500, 70}});
+      // More tiles than SMs, so each CTA runs several in turn (the cases above need one each):
+      // tiles of 1-4 key blocks, empty tiles (s_q - s_k >= 128 causal, empty key ranges), varlen
+      // tiles past a sequence's end, GQA, windows, softcap.
+      if (dt == FA_BFLOAT16 || d == 128) {
+        add({dt, d, 2, 300, 130, 64, 16, 0, -1, -1, 0.f, false, false, true, {}, {}});
+        add({dt, d, 2, 400, 200, 48, 48, 1, -1, -1, 0.f, false, false, true, {}, {}});
+        add({dt, d, 10, 0, 0, 32, 8, 0, 64, 16, 0.f, true, false, true, {300, 0, 1, 129, 256, 70, 400, 128, 5, 200},
+             {200, 10, 300, 0, 256, 500, 130, 128, 64, 190}});
+        add({dt, d, 10, 0, 0, 32, 32, 1, -1, -1, 20.f, true, false, true, {300, 0, 1, 129, 256, 70, 400, 128, 5, 200},
+             {200, 10, 300, 0, 256, 500, 130, 128, 64, 190}});
+      }
+      // Several tiles per CTA with the long-key configurations (head_dim 64: overlapped tile
+      // boundaries); few rows per tile keep the CPU reference short.
+      if (d == 64) add({dt, d, 1, 20, 2100, 140, 20, 0, -1, -1, 0.f, false, false, true, {}, {}});
+      if (d == 64 && dt == FA_BFLOAT16) add({dt, d, 1, 3, 8300, 136, 8, 1, -1, -1, 0.f, false, false, true, {}, {}});
       // Long key ranges: the tile configurations for many key blocks (launch_template.cuh).
       add({dt, d, 1, 130, 8300, 2, 1, 0, -1, -1, 0.f, false, false, true, {}, {}});
       add({dt, d, 1, 300, 8300, 2, 1, 1, -1, -1, 0.f, false, false, true, {}, {}});
@@ -383,6 +401,7 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
 }
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a case that hangs still leaves the ones before in the log
   const std::string mode = argc > 1 ? argv[1] : "check";
   if (mode == "bench") {
     bench(argc > 2 ? argv[2] : "sm90");

@@ -1,22 +1,26 @@
 #!/bin/bash
 # The Hopper forward's device run, one command: build the dev harness with parallel nvcc for each
 # variant (a set of dev switches of src/cuda/sm90/params.cuh), check every variant against the fp64
-# reference (102 cases + 2 dispatch checks), time them side by side on the standard sweep (two rounds, the second in
+# reference (123 cases + 2 dispatch checks), time them side by side on the standard sweep (two rounds, the second in
 # reverse order), time cuDNN (torch SDPA) in the same run, run compute-sanitizer on small shapes.
 # Logs go to $OUT. Usage (repository root):
 #   dev/sm90/run.sh [check] [bench] [cudnn] [sass] [sanitize] [ncu]
-# VARIANTS below: name|head dims timed|defines (dev switches of params.cuh). "default" is the
-# library's build (per-problem tile configuration), "old" the configuration before the early
-# rescale and the per-problem block_n.
+# VARIANTS below: name|head dims timed|defines (dev switches of params.cuh)|source root (of
+# cuda/sm90/*, default src). "default" is the library's build; "before" the sources of the commit
+# before step 8 (docs/sm90.md), copied to dev/sm90/before/cuda/sm90 (not committed) with
+#   for f in $(git ls-tree --name-only <commit> src/cuda/sm90/); do
+#     git show <commit>:$f > dev/sm90/before/cuda/sm90/$(basename $f); done
+# SAN names the variant that compute-sanitizer runs (default: the last of VARIANTS).
 set -u
 OUT=${OUT:-/tmp/sm90-out}
 mkdir -p "$OUT"
 STEPS=${*:-check bench cudnn sass sanitize}
 B=build-sm90-dev
 VARIANTS=(
+  "before|64,128,256||dev/sm90/before"
   "default|64,128,256|"
-  "old|64,128,256|-DFLASHATTN_SM90_HDIM64_BLOCK_N=128 -DFLASHATTN_SM90_HDIM128_BLOCK_N=176 -DFLASHATTN_SM90_RESCALE_EARLY=0"
 )
+SAN=${SAN:-$(echo "${VARIANTS[-1]}" | cut -d'|' -f1)}
 FLAGS="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -diag-suppress 20012
   -Xptxas=-warn-spills -DFLASHATTN_HDIM_64=1 -DFLASHATTN_HDIM_128=1 -DFLASHATTN_HDIM_256=1 -Iinclude -Isrc"
 nvidia-smi -L | tee "$OUT/device.log"
@@ -26,10 +30,12 @@ start=$(date +%s)
 mkdir -p $B
 nvcc $FLAGS -Xcompiler -fopenmp -c dev/sm90/harness.cu -o $B/harness.o > $B/harness.log 2>&1 &
 for v in "${VARIANTS[@]}"; do
-  IFS='|' read -r name hdims defs <<< "$v"
+  IFS='|' read -r name hdims defs root <<< "$v"
+  root=${root:-src}
+  [ -d $root/cuda/sm90 ] || { echo "$name: no $root/cuda/sm90"; continue; }
   mkdir -p $B/$name
-  for f in src/cuda/sm90/*.cu; do
-    nvcc $FLAGS $defs -Xptxas -v -c $f -o $B/$name/$(basename $f .cu).o > $B/$name/$(basename $f .cu).log 2>&1 &
+  for f in $root/cuda/sm90/*.cu; do
+    nvcc -I$root $FLAGS $defs -Xptxas -v -c $f -o $B/$name/$(basename $f .cu).o > $B/$name/$(basename $f .cu).log 2>&1 &
   done
 done
 wait
@@ -48,7 +54,7 @@ for step in $STEPS; do
       for v in "${VARIANTS[@]}"; do
         IFS='|' read -r name hdims defs <<< "$v"
         [ -x $B/$name/sm90_harness ] || { echo "$name: no binary"; continue; }
-        OMP_NUM_THREADS=2 timeout 100 $B/$name/sm90_harness check > "$OUT/check_$name.log" 2>&1 &
+        OMP_NUM_THREADS=8 timeout 300 $B/$name/sm90_harness check > "$OUT/check_$name.log" 2>&1 &
       done
       wait
       for v in "${VARIANTS[@]}"; do
@@ -72,15 +78,15 @@ for step in $STEPS; do
     cudnn) timeout 90 python3 dev/sm90/cudnn_bench.py 2>&1 | tee "$OUT/cudnn.log" ;;
     sass)
       cuobjdump -sass $B/default/fwd_hdim128_bf16.o > "$OUT/sass_default_128.txt" 2>&1
-      cuobjdump -sass $B/old/fwd_hdim128_bf16.o > "$OUT/sass_old_128.txt" 2>&1
+      cuobjdump -sass $B/$SAN/fwd_hdim128_bf16.o > "$OUT/sass_${SAN}_128.txt" 2>&1
       grep -cE "HGMMA" "$OUT/sass_default_128.txt" ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
-        timeout 40 compute-sanitizer --tool $tool $B/default/sm90_harness check small > "$OUT/${tool}_default.log" 2>&1
-        echo "$tool default: rc=$? $(tail -2 "$OUT/${tool}_default.log" | tr '\n' ' ')"
+        timeout 60 compute-sanitizer --tool $tool $B/$SAN/sm90_harness check small > "$OUT/${tool}_$SAN.log" 2>&1
+        echo "$tool $SAN: rc=$? $(tail -2 "$OUT/${tool}_$SAN.log" | tr '\n' ' ')"
       done ;;
     ncu) timeout 120 ncu --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-           --section SchedulerStats --section MemoryWorkloadAnalysis $B/old/sm90_harness profile 128 0 16384 > "$OUT/ncu.log" 2>&1
+           --section SchedulerStats --section MemoryWorkloadAnalysis $B/default/sm90_harness profile 128 0 16384 > "$OUT/ncu.log" 2>&1
          grep -E "Throughput|Duration|Stall|Issued|Eligible|Hit Rate|Active Warps" "$OUT/ncu.log" | head -40 ;;
   esac
 done

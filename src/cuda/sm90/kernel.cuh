@@ -6,7 +6,6 @@
 
 #include <cuda.h>
 
-#include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/mainloop.cuh"
 
 namespace flashattn::cuda::sm90 {
@@ -21,8 +20,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
 
   if (threadIdx.x == 0) {
-    mbar_init(&smem.q_full, 1);
-    mbar_init(&smem.q_empty, T::kConsumerWarpgroups);
+    for (int s = 0; s < T::kQStages; ++s) {
+      mbar_init(&smem.q_full[s], 1);
+      mbar_init(&smem.q_empty[s], T::kConsumerWarpgroups);
+    }
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(&smem.k_full[s], 1);
       mbar_init(&smem.k_empty[s], T::kConsumerWarpgroups);
@@ -46,16 +47,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // taken after the loop, so the barrier ends balanced.
     if (consumer_wg == 1) pingpong_pass<T>(consumer_wg);
     Consumer<T> consumer;
-    PipelineState<T::kStages> pipe;
-    uint32_t q_phase = 0;
-    for (int32_t r = 0; r * int32_t(gridDim.x) < p.num_tiles; ++r) {
-      const int32_t t = tile_of_round(r, p);
-      if (t >= p.num_tiles) continue;
-      const Tile tile = decode_tile(t, p);
-      if (!tile.valid) continue;
-      consumer.run_tile(smem, p, tile, consumer_wg, pipe, q_phase);
-      q_phase ^= 1;
-      store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
+    if constexpr (T::kTileOverlap) {
+      consumer.run(smem, p, consumer_wg);
+    } else {
+      PipelineState<T::kStages> pipe;
+      PipelineState<T::kQStages> q_pipe;
+      int32_t round = 0;
+      Tile tile;
+      while (next_tile(round, p, tile)) {
+        consumer.run_tile(smem, p, tile, consumer_wg, pipe, q_pipe);
+        store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
+      }
     }
     if (consumer_wg == 0) pingpong_wait<T>(consumer_wg);
   }

@@ -71,6 +71,19 @@ Status launch(const fa_params& p) {
   // Snake order: measured up to 16% faster causal at head_dim 128 and 256 (seqlen 1k-8k), but
   // 10-14% slower causal at head_dim 64 with seqlen 8k-16k (docs/sm90.md); non-causal is neutral.
   fp.snake_order = kHeadDim >= 128;
+  // Sections of about one round of tiles (grid / num_m_blocks heads, all their m_blocks): the
+  // CTAs running at once read a few heads' k, v (each from DRAM once, then from L2) instead of one
+  // head each (at short seqlen a burst of DRAM reads every num_m_blocks rounds, with the tensor
+  // cores waiting). Measured non-causal +1-15% (most at 512-1k keys), causal +5-8% at 512 and
+  // +5-7% at head_dim 64 up to 4k; 20-25% slower causal at head_dim 128 and 256 with 1k-2k (a
+  // round then mixes long and short tiles), so not there (docs/sm90.md, step 8). The snake order
+  // pairs the long causal m_blocks of one round with the short ones of the next.
+  if (!p.causal || fp.num_m_blocks <= 4 || (kHeadDim == 64 && p.seqlen_q <= 4096)) {
+    const int64_t grid = std::min<int64_t>(num_tiles, dev.num_sms);
+    const int64_t round_heads = std::max<int64_t>(1, grid / fp.num_m_blocks);
+    fp.heads_per_section = int32_t(std::min<int64_t>(fp.heads_per_section, round_heads));
+    fp.snake_order = 1;
+  }
   // Causal, head_dim >= 128, long sequences: tiles ordered longest first over all (batch, head)
   // pairs (one L2 section) with the snake order balance the CTAs' work: measured +9-60% at
   // seqlen 4k-16k (d256 causal 16k: 414 -> 655 TFLOP/s), but 20-25% slower at 512-2k, and no
@@ -97,23 +110,28 @@ Status launch(const fa_params& p) {
 // sweep): a larger block_n pays where a tile has many key blocks, a smaller one where the
 // per-tile prologue and epilogue weigh (short sequences) or, for causal, where tiles are short.
 //   head_dim 64:  early rescale (+2-5% from 2k keys, -1-3% at 512); block_n 192 from seqlen_k 2k
-//                 (non-causal) / 8k (causal), +1-4% over block_n 128 there, slower below.
+//                 (non-causal) / 8k (causal), +1-4% over block_n 128 there, slower below; there
+//                 with overlapped tile boundaries (+1-6%; -2-13% with block_n 128, causal).
 //   head_dim 128: block_n 128 + early rescale up to seqlen_k 8k (non-causal, +2-6%) / 2k (causal,
 //                 +3-8%); block_n 176 with the rescale after the wait above (-1-5% with 128 there).
-//   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower).
+//                 Overlapped tile boundaries for causal up to 2k keys (+3-11%; -2-6% elsewhere).
+//   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
+//                 overlapped tile boundaries 3-8% slower from 1k keys).
 template <int kHeadDim, bool kBf16>
 Status run_fwd(const fa_params& p) {
 #if FLASHATTN_SM90_DEV_CONFIG
   constexpr int kBlockN = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_BLOCK_N
                           : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_BLOCK_N
                                             : 64;
-  return launch<Traits<kHeadDim, kBf16, kBlockN, bool(FLASHATTN_SM90_RESCALE_EARLY)>>(p);
+  return launch<Traits<kHeadDim, kBf16, kBlockN, bool(FLASHATTN_SM90_RESCALE_EARLY),
+                       bool(FLASHATTN_SM90_TILE_OVERLAP)>>(p);
 #else
   if constexpr (kHeadDim == 64) {
     const bool long_keys = p.seqlen_k >= (p.causal ? 8192 : 2048);
-    return long_keys ? launch<Traits<64, kBf16, 192, true>>(p) : launch<Traits<64, kBf16, 128, true>>(p);
+    return long_keys ? launch<Traits<64, kBf16, 192, true, true>>(p) : launch<Traits<64, kBf16, 128, true>>(p);
   } else if constexpr (kHeadDim == 128) {
-    const bool short_keys = p.seqlen_k <= (p.causal ? 2048 : 8192);
+    if (p.causal && p.seqlen_k <= 2048) return launch<Traits<128, kBf16, 128, true, true>>(p);
+    const bool short_keys = !p.causal && p.seqlen_k <= 8192;
     return short_keys ? launch<Traits<128, kBf16, 128, true>>(p) : launch<Traits<128, kBf16, 176, false>>(p);
   } else {
     return launch<Traits<kHeadDim, kBf16, 64, false>>(p);

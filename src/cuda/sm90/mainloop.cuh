@@ -10,11 +10,16 @@
 //
 // Key blocks run from the last to the first, so the blocks that need element masking (the
 // diagonal for causal, the end of the sequence) come first.
+//
+// Two consumer loops: run_tile (one tile, the kernel then stores it) and, with
+// Traits::kTileOverlap, run (all tiles of the CTA as one stream of key blocks: the software
+// pipeline above goes on across tile boundaries, the epilogue inside it).
 #pragma once
 
 #include <cuda.h>
 
 #include "common/mask.hpp"
+#include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/params.cuh"
 #include "cuda/sm90/primitives.cuh"
 #include "cuda/sm90/scheduler.cuh"
@@ -49,24 +54,23 @@ struct Producer {
   __device__ static void run(const CUtensorMap* map_q, const CUtensorMap* map_k, const CUtensorMap* map_v,
                              SharedStorage<T>& smem, const FwdParams& p) {
     PipelineState<T::kStages> pipe;
-    uint32_t q_phase = 0;
-    for (int32_t r = 0; r * int32_t(gridDim.x) < p.num_tiles; ++r) {
-      const int32_t t = tile_of_round(r, p);
-      if (t >= p.num_tiles) continue;
-      const Tile tile = decode_tile(t, p);
-      if (!tile.valid) continue;
+    PipelineState<T::kQStages> q_pipe;
+    int32_t round = 0;
+    Tile tile;
+    while (next_tile(round, p, tile)) {
       const int32_t batch_coord = p.cu_seqlens_q ? 0 : tile.batch;
       const int32_t head_kv = tile.head / p.heads_per_kv_head;
       int32_t n_begin, n_end;
       key_block_range<T::kBlockM, T::kBlockN>(tile, tile_mask<T>(tile, p), n_begin, n_end);
 
-      mbar_wait(&smem.q_empty, q_phase ^ 1);
-      mbar_arrive_expect_tx(&smem.q_full, T::kQBytes);
+      const int qs = q_pipe.index;
+      mbar_wait(&smem.q_empty[qs], q_pipe.phase ^ 1);
+      mbar_arrive_expect_tx(&smem.q_full[qs], T::kQBytes);
       const int32_t q_row = int32_t(tile.q_start) + tile.m_block * T::kBlockM;
 #pragma unroll
       for (int c = 0; c < T::kPanels; ++c)
-        tma_load_4d(map_q, &smem.q_full, smem.q + c * T::kQPanelBytes, 64 * c, q_row, tile.head, batch_coord);
-      q_phase ^= 1;
+        tma_load_4d(map_q, &smem.q_full[qs], smem.q[qs] + c * T::kQPanelBytes, 64 * c, q_row, tile.head, batch_coord);
+      q_pipe.advance();
 
       for (int32_t n = n_end - 1; n >= n_begin; --n) {
         const int32_t k_row = int32_t(tile.k_start) + n * T::kBlockN;
@@ -103,6 +107,16 @@ __device__ __forceinline__ void pingpong_pass(int consumer_wg) {
   if constexpr (T::kPingPong) named_barrier_arrive(kPingPongBarrier + (consumer_wg ^ 1), 256);
 }
 
+// What the stream needs of one tile: the tile itself (for the epilogue), its key blocks and the
+// blocks [plain_begin, plain_end) that need no mask (the rows' key ranges are recomputed in the
+// rare blocks that do: fewer registers live across the loop).
+struct TileWork {
+  Tile tile;
+  int32_t n_begin, n_end;
+  int32_t plain_begin, plain_end;
+  __device__ __forceinline__ bool needs_mask(int32_t n) const { return n < plain_begin || n >= plain_end; }
+};
+
 // One consumer warpgroup's 64 rows. Accumulator layout of wgmma m64nN (per thread, warp w of
 // the warpgroup, lane l): element [4 * n + 2 * i + j] is row 16 w + l / 4 + 8 i, column
 // 8 n + 2 (l % 4) + j. The same layout holds S (N = block_n) and O (N = head_dim).
@@ -131,13 +145,13 @@ struct Consumer {
   }
 
   // Issues O += P v: P (64, block_n) from registers as the A operand, v (block_n, head_dim)
-  // MN-major in shared memory.
-  __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kN / 16][4], const uint8_t* v) {
+  // MN-major in shared memory. accumulate = 0: O = P v (O's old contents are ignored).
+  __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kN / 16][4], const uint8_t* v, int accumulate = 1) {
     const uint32_t v_addr = smem_addr(v);
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       const uint64_t db = make_smem_desc(v_addr + kk * 16 * 128, T::kKVPanelBytes, 1024);
-      MmaO::template rs<1>(o, p[kk], db, 1);
+      MmaO::template rs<1>(o, p[kk], db, kk > 0 ? 1 : accumulate);
     }
     wgmma_commit();
   }
@@ -163,6 +177,24 @@ struct Consumer {
             if (key < key_begin[i] || key >= key_end[i]) s[4 * n + 2 * i + j] = -INFINITY;
           }
     }
+  }
+
+  // mask_scores with this thread's two rows' key ranges computed from the tile.
+  __device__ __forceinline__ static void mask_block(float (&s)[kN / 2], const FwdParams& p, const TileWork& w,
+                                                    int32_t n, int consumer_wg) {
+    int32_t key_begin[2] = {0, 0}, key_end[2] = {0, 0};
+    const bool need_mask = w.needs_mask(n);
+    if (need_mask) {
+      const Mask mask = tile_mask<T>(w.tile, p);
+      const int thread = threadIdx.x % 128, lane = threadIdx.x % 32;
+      const int32_t row0 = w.tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        key_begin[i] = int32_t(mask.key_begin(row0 + 8 * i));
+        key_end[i] = int32_t(mask.key_end(row0 + 8 * i));
+      }
+    }
+    mask_scores(s, p, n * kN, key_begin, key_end, need_mask);
   }
 
   // Online softmax of one block: new running max (log2 domain), P = exp2(s * scale - max) in
@@ -256,7 +288,8 @@ struct Consumer {
   // O += P v of block n + 1 (the previous one; blocks run backwards), the warpgroup waits only
   // for S, runs the softmax of block n, then waits for O to rescale it.
   __device__ __forceinline__ void run_tile(SharedStorage<T>& smem, const FwdParams& p, const Tile& tile,
-                                           int consumer_wg, PipelineState<T::kStages>& pipe, uint32_t q_phase) {
+                                           int consumer_wg, PipelineState<T::kStages>& pipe,
+                                           PipelineState<T::kQStages>& q_pipe) {
     const int thread = threadIdx.x % 128, lane = threadIdx.x % 32;
     const bool signals = thread == 0;  // one arrival per warpgroup on the empty barriers
     const Mask mask = tile_mask<T>(tile, p);
@@ -286,12 +319,14 @@ struct Consumer {
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
 
-    mbar_wait(&smem.q_full, q_phase);
+    const int qs = q_pipe.index;
+    mbar_wait(&smem.q_full[qs], q_pipe.phase);
+    q_pipe.advance();
     if (n_end <= n_begin) {  // no visible key in the whole tile
-      if (signals) mbar_arrive(&smem.q_empty);
+      if (signals) mbar_arrive(&smem.q_empty[qs]);
       return;
     }
-    const uint8_t* q_rows = smem.q + consumer_wg * 64 * 128;
+    const uint8_t* q_rows = smem.q[qs] + consumer_wg * 64 * 128;
     float s[kN / 2];
     uint32_t pa[kN / 16][4];
     float corr[2];
@@ -307,7 +342,7 @@ struct Consumer {
     fence_registers(s);
     if (signals) {
       mbar_arrive(&smem.k_empty[pipe.index]);
-      if (n == n_begin) mbar_arrive(&smem.q_empty);
+      if (n == n_begin) mbar_arrive(&smem.q_empty[qs]);
     }
     mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
     online_softmax(s, p.score_scale_log2, corr);
@@ -330,7 +365,7 @@ struct Consumer {
       fence_registers(s);
       if (signals) {
         mbar_arrive(&smem.k_empty[pipe.index]);
-        if (n == n_begin) mbar_arrive(&smem.q_empty);
+        if (n == n_begin) mbar_arrive(&smem.q_empty[qs]);
       }
       mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
       online_softmax(s, p.score_scale_log2, corr);
@@ -371,6 +406,196 @@ struct Consumer {
       row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
       row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
     }
+  }
+
+  // The persistent loop with the tile boundaries overlapped (Traits::kTileOverlap) -------------
+
+  // This CTA's next tile from round `round` on, planned (no waits); false when none is left.
+  __device__ __forceinline__ static bool plan_next_tile(const FwdParams& p, int32_t& round, TileWork& w) {
+    if (!next_tile(round, p, w.tile)) return false;
+    const Tile& tile = w.tile;
+    const Mask mask = tile_mask<T>(tile, p);
+    key_block_range<T::kBlockM, kN>(tile, mask, w.n_begin, w.n_end);
+    // Keys every row of the tile sees, cut at the sequence's end: whole blocks inside need no mask.
+    const int64_t tile_row0 = int64_t(tile.m_block) * T::kBlockM;
+    const int64_t tile_row1 = min(tile_row0 + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
+    const int64_t inner_begin = mask.key_begin(tile_row1);
+    const int64_t inner_end = min(mask.key_end(tile_row0), int64_t(tile.seqlen_k));
+    w.plain_begin = int32_t(min((inner_begin + kN - 1) / kN, int64_t(INT32_MAX)));
+    w.plain_end = int32_t(inner_end / kN);
+    return true;
+  }
+
+  // Waits for the q of the planned tile `w`. A tile without any visible key is finished here
+  // (o = 0, lse = -inf; it loads q only) and the one after it planned. false: no tile is left.
+  __device__ __forceinline__ static bool begin_tile(SharedStorage<T>& smem, const FwdParams& p, int consumer_wg,
+                                                    int32_t& round, PipelineState<T::kQStages>& q_pipe,
+                                                    TileWork& w, bool planned) {
+    for (; planned; planned = plan_next_tile(p, round, w)) {
+      mbar_wait(&smem.q_full[q_pipe.index], q_pipe.phase);
+      if (w.n_end > w.n_begin) return true;
+      if (threadIdx.x % 128 == 0) mbar_arrive(&smem.q_empty[q_pipe.index]);
+      q_pipe.advance();
+      float zero_o[kD / 2], zero_stat[2] = {0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < kD / 2; ++i) zero_o[i] = 0.f;
+      store_tile<T>(zero_o, zero_stat, zero_stat, p, w.tile, consumer_wg);
+    }
+    return false;
+  }
+
+  // O / row_sum and lse of a finished tile to global memory (the row sums summed over the quad).
+  __device__ __forceinline__ void store_finished(const float (&stat_max)[2], float (&stat_sum)[2], const Tile& tile,
+                                                 const FwdParams& p, int consumer_wg) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      stat_sum[i] += __shfl_xor_sync(0xffffffffu, stat_sum[i], 1);
+      stat_sum[i] += __shfl_xor_sync(0xffffffffu, stat_sum[i], 2);
+    }
+    store_tile<T>(o, stat_max, stat_sum, p, tile, consumer_wg);
+  }
+
+  // All tiles of this CTA as one stream of key blocks. A step issues S of the stream's next block
+  // and O += P v of the block before, as run_tile does inside a tile, across tile boundaries too:
+  //   step with the next tile's first block:  S(first of i+1) + PV(last of i); softmax of the
+  //                                           first block with fresh row statistics
+  //   the step after:                         S(second of i+1), then tile i's epilogue from O
+  //                                           (final now), then PV(first of i+1) overwriting O
+  // so a tile's first S and softmax overlap the last O += P v of the tile before, and the
+  // epilogue runs while the tensor cores compute an S. Only the CTA's first S and last
+  // O += P v run alone.
+  __device__ __forceinline__ void run(SharedStorage<T>& smem, const FwdParams& p, int consumer_wg) {
+    const bool signals = threadIdx.x % 128 == 0;  // one arrival per warpgroup on the empty barriers
+    PipelineState<T::kStages> pipe;
+    PipelineState<T::kQStages> q_pipe;
+    int32_t round = 0;
+    TileWork cur, next;
+    bool planned = plan_next_tile(p, round, next);
+    if (!begin_tile(smem, p, consumer_wg, round, q_pipe, next, planned)) return;
+    cur = next;
+    const int q_offset = consumer_wg * 64 * 128;
+
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.f;
+    float s[kN / 2];
+    uint32_t pa[kN / 16][4];
+    float corr[2];
+
+    // The first block of the stream: S alone.
+    int32_t n = cur.n_end - 1;
+    mbar_wait(&smem.k_full[pipe.index], pipe.phase);
+    pingpong_wait<T>(consumer_wg);
+    wgmma_fence();
+    issue_qk(s, smem.q[q_pipe.index] + q_offset, smem.k[pipe.index]);
+    pingpong_pass<T>(consumer_wg);
+    if (n == cur.n_begin) planned = plan_next_tile(p, round, next);
+    wgmma_wait<0>();
+    fence_registers(s);
+    if (signals) {
+      mbar_arrive(&smem.k_empty[pipe.index]);
+      if (n == cur.n_begin) mbar_arrive(&smem.q_empty[q_pipe.index]);
+    }
+    if (n == cur.n_begin) q_pipe.advance();
+    mask_block(s, p, cur, n, consumer_wg);
+    online_softmax(s, p.score_scale_log2, corr);
+    to_a_operand(s, pa);
+    int prev_stage = pipe.index;
+    uint32_t prev_phase = pipe.phase;
+    pipe.advance();
+
+    Tile done_tile;  // the tile whose O is final but not yet stored, and its row statistics
+    float done_max[2], done_sum[2];
+    bool store_due = false;
+    while (true) {
+      // The stream's next block: the one below n in this tile, else the next tile's first (its
+      // last key block: blocks run backwards).
+      const bool new_tile = n == cur.n_begin;
+      if (new_tile) {
+        if (!begin_tile(smem, p, consumer_wg, round, q_pipe, next, planned)) break;
+      } else {
+        --n;
+      }
+      mbar_wait(&smem.k_full[pipe.index], pipe.phase);
+      mbar_wait(&smem.v_full[prev_stage], prev_phase);
+      pingpong_wait<T>(consumer_wg);
+      wgmma_fence();
+      issue_qk(s, smem.q[q_pipe.index] + q_offset, smem.k[pipe.index]);
+      if (store_due) {
+        // O of the tile before is final (its last O += P v was waited for in the previous step):
+        // stored while S computes; the next O += P v overwrites O instead of adding to it.
+        fence_registers(o);
+        store_finished(done_max, done_sum, done_tile, p, consumer_wg);
+        fence_registers(o);
+        wgmma_fence();
+      } else if constexpr (T::kRescaleEarly) {
+        rescale_between_issues(corr);
+      }
+      issue_pv(pa, smem.v[prev_stage], !store_due);
+      pingpong_pass<T>(consumer_wg);
+      // The tile before is stored (above) before its place is taken: with a one-block tile in
+      // between, the store of tile i and the start of tile i + 2 fall in the same step.
+      if (new_tile) {
+        done_tile = cur.tile;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          done_max[i] = row_max[i];
+          done_sum[i] = row_sum[i];
+          row_max[i] = -INFINITY;
+          row_sum[i] = 0.f;
+        }
+        cur = next;
+        n = cur.n_end - 1;
+      }
+      if (n == cur.n_begin) planned = plan_next_tile(p, round, next);  // while the GEMMs run
+      wgmma_wait<1>();  // S is done; O += P v may still run
+      fence_registers(s);
+      if (signals) {
+        mbar_arrive(&smem.k_empty[pipe.index]);
+        if (n == cur.n_begin) mbar_arrive(&smem.q_empty[q_pipe.index]);
+      }
+      if (n == cur.n_begin) q_pipe.advance();
+      mask_block(s, p, cur, n, consumer_wg);
+      online_softmax(s, p.score_scale_log2, corr);
+      // The softmax stays above the wait for O += P v (see run_tile).
+      fence_registers(s);
+      fence_registers(row_sum);
+      fence_registers(corr);
+      mbar_wait(&smem.v_full[pipe.index], pipe.phase);
+      wgmma_wait<0>();
+      fence_registers(o);
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);
+      if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
+      // A new tile's first block: O still holds the tile before (final now), no rescale.
+      if constexpr (!T::kRescaleEarly) {
+        if (!new_tile) rescale_o(corr);
+      }
+      to_a_operand(s, pa);
+      store_due = new_tile;
+      prev_stage = pipe.index;
+      prev_phase = pipe.phase;
+      pipe.advance();
+    }
+
+    // The stream's last O += P v, alone.
+    mbar_wait(&smem.v_full[prev_stage], prev_phase);
+    pingpong_wait<T>(consumer_wg);
+    if (store_due) {
+      store_finished(done_max, done_sum, done_tile, p, consumer_wg);
+    } else if constexpr (T::kRescaleEarly) {
+      rescale_o(corr);
+    }
+    wgmma_fence();
+    issue_pv(pa, smem.v[prev_stage], !store_due);
+    pingpong_pass<T>(consumer_wg);
+    wgmma_wait<0>();
+    fence_registers(o);
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);
+    if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
+    store_finished(row_max, row_sum, cur.tile, p, consumer_wg);
   }
 };
 

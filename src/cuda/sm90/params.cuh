@@ -12,10 +12,10 @@
 
 // Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
 // choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
-// (128 or 192) and 128 (128 or 176), and where the O rescale runs (Traits::kRescaleEarly).
-// dev/sm90/run.sh builds its variants with them.
+// (128 or 192) and 128 (128 or 176), where the O rescale runs (Traits::kRescaleEarly), and the
+// overlapped tile boundaries (Traits::kTileOverlap). dev/sm90/run.sh builds its variants with them.
 #if defined(FLASHATTN_SM90_HDIM64_BLOCK_N) || defined(FLASHATTN_SM90_HDIM128_BLOCK_N) || \
-    defined(FLASHATTN_SM90_RESCALE_EARLY)
+    defined(FLASHATTN_SM90_RESCALE_EARLY) || defined(FLASHATTN_SM90_TILE_OVERLAP)
 #define FLASHATTN_SM90_DEV_CONFIG 1
 #ifndef FLASHATTN_SM90_HDIM64_BLOCK_N
 #define FLASHATTN_SM90_HDIM64_BLOCK_N 128
@@ -25,6 +25,9 @@
 #endif
 #ifndef FLASHATTN_SM90_RESCALE_EARLY
 #define FLASHATTN_SM90_RESCALE_EARLY 0
+#endif
+#ifndef FLASHATTN_SM90_TILE_OVERLAP
+#define FLASHATTN_SM90_TILE_OVERLAP 0
 #endif
 #else
 #define FLASHATTN_SM90_DEV_CONFIG 0
@@ -55,14 +58,20 @@ struct FwdParams {
 };
 
 // Tile configuration: block_m = 128 rows of q (two consumer warpgroups of 64 rows), block_n keys
-// per step, stages of the k/v ring. Shared memory: q + stages * (k + v). The configurations in
-// use (launch_template.cuh picks one per problem):
-//   head_dim 64:  block_n 128 or 192, 3 stages (112 or 160 KB), early rescale.
-//   head_dim 128: block_n 176, 2 stages (208 KB); block_n 128 with the early rescale (160 KB).
+// per step, stages of the k/v ring. Shared memory: q stages * q + stages * (k + v). The
+// configurations in use (launch_template.cuh picks one per problem):
+//   head_dim 64:  block_n 128, 3 stages (112 KB), early rescale; block_n 192 with overlapped tile
+//                 boundaries and 2 q buffers (176 KB).
+//   head_dim 128: block_n 176, 2 stages (208 KB); block_n 128 with the early rescale (160 KB), and
+//                 that with overlapped tile boundaries and 2 q buffers (192 KB).
 //   head_dim 256: block_n 64, 2 stages (192 KB); O alone is 128 registers a thread.
 // kRescaleEarly: the O rescale runs between the issue of S = q k^T and that of O += P v, while the
 // tensor cores compute S; otherwise after the wait for O += P v (mainloop.cuh).
-template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_>
+// kTileOverlap: the consumer runs its tiles as one stream of key blocks (Consumer::run): the next
+// tile's first S is issued with the last O += P v of the tile before, whose epilogue runs while
+// the S after it computes; otherwise tile by tile (Consumer::run_tile, then the epilogue). With
+// it, q gets two buffers where they fit (the next tile's q loads while this one runs).
+template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_, bool kTileOverlap_ = false>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kBf16 = kBf16_;
@@ -82,6 +91,10 @@ struct Traits {
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQPanelBytes = kBlockM * 128;
   static constexpr int kKVPanelBytes = kBlockN * 128;
+  // Shared memory per CTA is 227 KB; 1 KB goes to the alignment slack, a little to the barriers.
+  static constexpr int kSmemLimit = 227 * 1024 - 1024 - 256;
+  static constexpr bool kTileOverlap = kTileOverlap_;
+  static constexpr int kQStages = kTileOverlap && 2 * kQBytes + 2 * kStages * kKVBytes <= kSmemLimit ? 2 : 1;
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");
@@ -89,10 +102,10 @@ struct Traits {
 
 template <class T>
 struct alignas(1024) SharedStorage {
-  uint8_t q[T::kQBytes];                 // (block_m, head_dim) as kPanels x (block_m, 64), swizzled
+  uint8_t q[T::kQStages][T::kQBytes];    // (block_m, head_dim) as kPanels x (block_m, 64), swizzled
   uint8_t k[T::kStages][T::kKVBytes];    // (block_n, head_dim) per stage, same layout
   uint8_t v[T::kStages][T::kKVBytes];
-  uint64_t q_full, q_empty;
+  uint64_t q_full[T::kQStages], q_empty[T::kQStages];
   uint64_t k_full[T::kStages], k_empty[T::kStages];
   uint64_t v_full[T::kStages], v_empty[T::kStages];
 };

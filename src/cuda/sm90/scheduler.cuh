@@ -7,9 +7,10 @@
 //
 // A tile is (m_block, batch, head). Tiles are grouped in sections of heads_per_section
 // (batch, head) pairs whose k and v fit in L2 together; inside a section the m_block index is the
-// outer loop so that the CTAs running at once read the same few heads' k, v. With causal masking
-// the m_blocks run from the last (the longest: it sees the most keys) to the first, so the short
-// tiles fill the tail.
+// outer loop so that the CTAs running at once read the same few heads' k, v (the host cuts the
+// sections to about one round of tiles where that measured faster: launch_template.cuh). With
+// causal masking the m_blocks run from the last (the longest: it sees the most keys) to the
+// first, so the short tiles fill the tail.
 #pragma once
 
 #include "common/mask.hpp"
@@ -57,6 +58,21 @@ __device__ __forceinline__ Tile decode_tile(int32_t t, const FwdParams& p) {
   }
   tile.valid = int64_t(tile.m_block) * 128 < tile.seqlen_q;
   return tile;
+}
+
+// This CTA's next tile from round r on (tiles past a shorter varlen sequence's end are skipped);
+// false when none is left. r moves past the tile's round.
+__device__ __forceinline__ bool next_tile(int32_t& r, const FwdParams& p, Tile& tile) {
+  for (; r * int32_t(gridDim.x) < p.num_tiles; ++r) {
+    const int32_t t = tile_of_round(r, p);
+    if (t >= p.num_tiles) continue;
+    tile = decode_tile(t, p);
+    if (tile.valid) {
+      ++r;
+      return true;
+    }
+  }
+  return false;
 }
 
 // The key blocks [n_begin, n_end) a tile of block_m rows must visit, from the mask of its rows.
