@@ -283,6 +283,25 @@ struct Consumer {
     }
   }
 
+  // After the softmax of the block whose S just finished: waits for the O += P v issued beside that
+  // S and frees its v (stage prev_stage). The softmax must stay above the wait: ptxas hoists the
+  // wait over straight-line code (and the overlap is lost), but not over a loop, and the spin on
+  // v_full of the current block (needed by the next O += P v anyway) is that loop.
+  __device__ __forceinline__ void wait_pv_after_softmax(SharedStorage<T>& smem, float (&s)[kN / 2], float (&corr)[2],
+                                                        uint32_t (&pa)[kN / 16][4],
+                                                        const PipelineState<T::kStages>& pipe, int prev_stage,
+                                                        bool signals) {
+    fence_registers(s);
+    fence_registers(row_sum);
+    fence_registers(corr);
+    mbar_wait(&smem.v_full[pipe.index], pipe.phase);
+    wgmma_wait<0>();
+    fence_registers(o);
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);  // read by the tensor cores until here
+    if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
+  }
+
   // Runs the key blocks of one tile; leaves O unnormalized, row_max and the full row sums.
   // Software pipelined inside the warpgroup: while the tensor cores compute S of block n and
   // O += P v of block n + 1 (the previous one; blocks run backwards), the warpgroup waits only
@@ -369,18 +388,7 @@ struct Consumer {
       }
       mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
       online_softmax(s, p.score_scale_log2, corr);
-      // Keep the softmax above the wait for O += P v: ptxas hoists that wait over straight-line
-      // code (and the overlap is lost), but not over a loop. The spin on v_full of this block
-      // (needed by the next O += P v anyway) is that loop.
-      fence_registers(s);
-      fence_registers(row_sum);
-      fence_registers(corr);
-      mbar_wait(&smem.v_full[pipe.index], pipe.phase);
-      wgmma_wait<0>();
-      fence_registers(o);
-#pragma unroll
-      for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);  // read by the tensor cores until here
-      if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
+      wait_pv_after_softmax(smem, s, corr, pa, pipe, prev_stage, signals);
       if constexpr (!T::kRescaleEarly) rescale_o(corr);
       to_a_operand(s, pa);
       prev_stage = pipe.index;
@@ -558,16 +566,7 @@ struct Consumer {
       if (n == cur.n_begin) q_pipe.advance();
       mask_block(s, p, cur, n, consumer_wg);
       online_softmax(s, p.score_scale_log2, corr);
-      // The softmax stays above the wait for O += P v (see run_tile).
-      fence_registers(s);
-      fence_registers(row_sum);
-      fence_registers(corr);
-      mbar_wait(&smem.v_full[pipe.index], pipe.phase);
-      wgmma_wait<0>();
-      fence_registers(o);
-#pragma unroll
-      for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);
-      if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
+      wait_pv_after_softmax(smem, s, corr, pa, pipe, prev_stage, signals);
       // A new tile's first block: O still holds the tile before (final now), no rescale.
       if constexpr (!T::kRescaleEarly) {
         if (!new_tile) rescale_o(corr);
