@@ -170,6 +170,50 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
 }
 
 // ---------------------------------------------------------------------------------------------
+// The q-blocks that see key block [n0, n1): a contiguous range [i_begin, i_end), since the visible
+// key range of a row grows with the row.
+template <int kBlockM>
+__device__ __forceinline__ void bwd_q_block_range(const Mask& mask, int seqlen_q, int n0, int n1, int& i_begin,
+                                                  int& i_end) {
+  const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
+  i_begin = 0;
+  while (i_begin < num_m && mask.key_end(min((i_begin + 1) * kBlockM, seqlen_q) - 1) <= n0) ++i_begin;
+  i_end = i_begin;
+  while (i_end < num_m && mask.key_begin(int64_t(i_end) * kBlockM) < n1) ++i_end;
+}
+
+// K_j, V_j (keys n0 .., kv head head_kv) into their resident shared tiles.
+template <class T, int kBlockN, int kHeadDim, int kThreads>
+__device__ __forceinline__ void load_kv_block(T* sK, T* sV, const BwdParams& p, const BwdSeq& seq, int n0,
+                                              int head_kv) {
+  const bool vectorized = p.vectorized != 0;
+  const T* k_tile = static_cast<const T*>(p.k) +
+                    bwd_offset(seq, seq.k_start, p.k_batch_stride, p.k_row_stride, p.k_head_stride, n0, head_kv);
+  const T* v_tile = static_cast<const T*>(p.v) +
+                    bwd_offset(seq, seq.k_start, p.v_batch_stride, p.v_row_stride, p.v_head_stride, n0, head_kv);
+  load_tile<T, kBlockN, kHeadDim, kThreads>(sK, k_tile, p.k_row_stride, seq.seqlen_k - n0, p.head_dim, vectorized);
+  load_tile<T, kBlockN, kHeadDim, kThreads>(sV, v_tile, p.v_row_stride, seq.seqlen_k - n0, p.head_dim, vectorized);
+}
+
+// lse and D of q-block rows m0 .. m0 + kBlockM - 1 of query head h into sLse, sD (threads 0 ..
+// 2 * kBlockM - 1, one value each; rows past the sequence read as 0).
+template <int kBlockM>
+__device__ __forceinline__ void load_lse_d(float* sLse, float* sD, const BwdParams& p, const BwdSeq& seq, int h,
+                                           int m0) {
+  const int tid = threadIdx.x;
+  const int64_t lse_row = p.cu_seqlens_q ? int64_t(h) * p.rows_q + seq.q_start + m0
+                                         : (seq.batch_q * p.num_heads + h) * p.seqlen_q + m0;
+  const int64_t d_row = int64_t(h) * p.rows_q + seq.ws_row + m0;
+  if (tid < kBlockM) {
+    const bool valid = m0 + tid < seq.seqlen_q;
+    cp_async_4(sLse + tid, p.lse + (valid ? lse_row + tid : 0), valid);
+  } else if (tid < 2 * kBlockM) {
+    const int r = tid - kBlockM;
+    const bool valid = m0 + r < seq.seqlen_q;
+    cp_async_4(sD + r, p.d_sum + (valid ? d_row + r : 0), valid);
+  }
+}
+
 // The row kernels (1 and 3): kBwdRowThreads threads per (q row, head), 8 columns (16 bytes of
 // 16-bit data) each (a power of two: rows never straddle a warp; at head_dim 96 and 192 the last
 // threads of a row idle), 256 / kBwdRowThreads rows per block. Memory-bound passes over O, dO and the
@@ -351,20 +395,10 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
   const bool vectorized = p.vectorized != 0;
   const Mask mask(seqlen_q, seqlen_k, p.causal != 0, p.window_left, p.window_right);
 
-  // q-blocks that see this k-block: rows' visible key ranges grow with the row, so they are a range.
-  const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
-  int i_begin = 0;
-  while (i_begin < num_m && mask.key_end(min((i_begin + 1) * kBlockM, seqlen_q) - 1) <= n0) ++i_begin;
-  int i_end = i_begin;
-  while (i_end < num_m && mask.key_begin(int64_t(i_end) * kBlockM) < n1) ++i_end;
+  int i_begin, i_end;
+  bwd_q_block_range<kBlockM>(mask, seqlen_q, n0, n1, i_begin, i_end);
   const int m_range = i_end - i_begin, num_iters = p.group * m_range;
-
-  const T* k_tile = static_cast<const T*>(p.k) +
-                    bwd_offset(seq, seq.k_start, p.k_batch_stride, p.k_row_stride, p.k_head_stride, n0, head_kv);
-  const T* v_tile = static_cast<const T*>(p.v) +
-                    bwd_offset(seq, seq.k_start, p.v_batch_stride, p.v_row_stride, p.v_head_stride, n0, head_kv);
-  load_tile<T, kBlockN, kHeadDim, kThreads>(sK, k_tile, p.k_row_stride, seqlen_k - n0, p.head_dim, vectorized);
-  load_tile<T, kBlockN, kHeadDim, kThreads>(sV, v_tile, p.v_row_stride, seqlen_k - n0, p.head_dim, vectorized);
+  load_kv_block<T, kBlockN, kHeadDim, kThreads>(sK, sV, p, seq, n0, head_kv);
 
   // Iteration it: query head head_kv * group + it / m_range, q-block i_begin + it % m_range.
   auto load_q_block = [&](int it, int buf) {
@@ -377,17 +411,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
                                               p.head_dim, vectorized);
     load_tile<T, kBlockM, kHeadDim, kThreads>(sDo + buf * TileQ::kElements, do_tile, p.do_row_stride, seqlen_q - m0,
                                               p.head_dim, vectorized);
-    const int64_t lse_row = p.cu_seqlens_q ? int64_t(h) * p.rows_q + seq.q_start + m0
-                                           : (seq.batch_q * p.num_heads + h) * p.seqlen_q + m0;
-    const int64_t d_row = int64_t(h) * p.rows_q + seq.ws_row + m0;
-    if (tid < kBlockM) {
-      const bool valid = m0 + tid < seqlen_q;
-      cp_async_4(sLse + buf * kBlockM + tid, p.lse + (valid ? lse_row + tid : 0), valid);
-    } else if (tid < 2 * kBlockM) {
-      const int r = tid - kBlockM;
-      const bool valid = m0 + r < seqlen_q;
-      cp_async_4(sD + buf * kBlockM + r, p.d_sum + (valid ? d_row + r : 0), valid);
-    }
+    load_lse_d<kBlockM>(sLse + buf * kBlockM, sD + buf * kBlockM, p, seq, h, m0);
   };
   if (num_iters > 0) load_q_block(0, 0);
   cp_async_commit();

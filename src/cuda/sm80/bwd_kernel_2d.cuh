@@ -148,23 +148,13 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   const bool vectorized = p.vectorized != 0;
   const Mask mask(seqlen_q, seqlen_k, p.causal != 0, p.window_left, p.window_right);
 
-  // q-blocks that see this k-block: a contiguous range (visible key ranges grow with the row).
-  const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
-  int i_begin = 0;
-  while (i_begin < num_m && mask.key_end(min((i_begin + 1) * kBlockM, seqlen_q) - 1) <= n0) ++i_begin;
-  int i_end = i_begin;
-  while (i_end < num_m && mask.key_begin(int64_t(i_end) * kBlockM) < n1) ++i_end;
+  int i_begin, i_end;
+  bwd_q_block_range<kBlockM>(mask, seqlen_q, n0, n1, i_begin, i_end);
   const int m_range = i_end - i_begin, num_iters = p.group * m_range;
-
-  const T* k_tile = static_cast<const T*>(p.k) +
-                    bwd_offset(seq, seq.k_start, p.k_batch_stride, p.k_row_stride, p.k_head_stride, n0, head_kv);
-  const T* v_tile = static_cast<const T*>(p.v) +
-                    bwd_offset(seq, seq.k_start, p.v_batch_stride, p.v_row_stride, p.v_head_stride, n0, head_kv);
-  load_tile<T, kBlockN, kHeadDim, kThreads>(sK, k_tile, p.k_row_stride, seqlen_k - n0, p.head_dim, vectorized);
-  load_tile<T, kBlockN, kHeadDim, kThreads>(sV, v_tile, p.v_row_stride, seqlen_k - n0, p.head_dim, vectorized);
+  load_kv_block<T, kBlockN, kHeadDim, kThreads>(sK, sV, p, seq, n0, head_kv);
 
   // Q_i, dO_i, lse_i, D_i of query head h, q-block m_block into buffer buf. Whole tiles of a vectorized
-  // problem (all but the last q-block) take the WholeTileLoad path.
+  // problem (all but the last q-block) take load_whole_tile.
   const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
   auto load_q_block = [&](int h, int m_block, int buf) {
     const int m0 = m_block * kBlockM;
@@ -181,17 +171,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       load_tile<T, kBlockM, kHeadDim, kThreads>(sDo + buf * TileQ::kElements, do_tile, p.do_row_stride, seqlen_q - m0,
                                                 p.head_dim, vectorized);
     }
-    const int64_t lse_row = p.cu_seqlens_q ? int64_t(h) * p.rows_q + seq.q_start + m0
-                                           : (seq.batch_q * p.num_heads + h) * p.seqlen_q + m0;
-    const int64_t d_row = int64_t(h) * p.rows_q + seq.ws_row + m0;
-    if (tid < kBlockM) {
-      const bool valid = m0 + tid < seqlen_q;
-      cp_async_4(sLse + buf * kBlockM + tid, p.lse + (valid ? lse_row + tid : 0), valid);
-    } else if (tid < 2 * kBlockM) {
-      const int r = tid - kBlockM;
-      const bool valid = m0 + r < seqlen_q;
-      cp_async_4(sD + buf * kBlockM + r, p.d_sum + (valid ? d_row + r : 0), valid);
-    }
+    load_lse_d<kBlockM>(sLse + buf * kBlockM, sD + buf * kBlockM, p, seq, h, m0);
   };
   // Iteration it: query head head_kv * group + it / m_range, q-block i_begin + it % m_range, kept as
   // two counters (h, m_block) and their successors (h_next, m_next) instead of divisions.
