@@ -108,7 +108,7 @@ def bench_case(lib, impls, batch, heads, seqlen, d, causal, passes, device, date
                     rows.append(dict(impl=impl, **{"pass": "fwd"}, **base, ms=ms,
                                      tflops=flops(batch, heads, seqlen, seqlen, d, causal, False) / ms / 1e9,
                                      max_abs_diff=diff))
-                if "bwd" in passes and impl != "flashattn-sm90":
+                if "bwd" in passes:
                     ours.prepare_backward(dout)
                     ms = do_bench(ours.backward, warmup=25, rep=100, return_mode="median")
                     qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
@@ -181,6 +181,8 @@ def main():
     ap.add_argument("--out", default="bench/results/h100.json")
     ap.add_argument("--quick", action="store_true", help="seqlen 2k and 16k only")
     ap.add_argument("--impls", default="flashattn-sm90,flashattn-sm80,torch-flash,torch-efficient,torch-cudnn,torch-math")
+    ap.add_argument("--head-dims", default="64,128,256", help="subset of the sweep's head dims")
+    ap.add_argument("--passes", default="fwd,bwd", help="subset of the passes (d256 is forward only)")
     args = ap.parse_args()
     lib = fa.load(args.lib)
     device = torch.cuda.get_device_name()
@@ -188,7 +190,11 @@ def main():
     impls = args.impls.split(",")
     seqlens = [2048, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     rows = classic(lib, device, date)
+    dims = [int(x) for x in args.head_dims.split(",")]
     for d, heads, passes in ((64, 32, "fwd,bwd"), (128, 16, "fwd,bwd"), (256, 8, "fwd")):
+        passes = ",".join(x for x in passes.split(",") if x in args.passes.split(","))
+        if d not in dims or not passes:
+            continue
         for causal in (False, True):
             for s in seqlens:
                 rows += bench_case(lib, impls, 16384 // s, heads, s, d, causal, passes, device, date)

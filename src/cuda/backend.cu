@@ -36,7 +36,7 @@ int current_sm() {
 }  // namespace
 
 fa_impl best_impl(const fa_params& p, bool backward) {
-  if (!backward && current_sm() == 90 && sm90_supports(p)) return FA_IMPL_CUDA_SM90;
+  if (current_sm() == 90 && (backward ? sm90_backward_supports(p) : sm90_supports(p))) return FA_IMPL_CUDA_SM90;
   return FA_IMPL_CUDA_SM80;
 }
 
@@ -44,7 +44,7 @@ Status workspace_size(const fa_params& p, fa_impl impl, bool backward, size_t* b
   switch (impl) {
     case FA_IMPL_CUDA_STANDARD: *bytes = standard_forward_workspace(p); return {};
     case FA_IMPL_CUDA_SM80: *bytes = backward ? sm80_backward_workspace(p) : sm80_forward_workspace(p); return {};
-    case FA_IMPL_CUDA_SM90: *bytes = sm90_forward_workspace(p); return {};
+    case FA_IMPL_CUDA_SM90: *bytes = backward ? sm90_backward_workspace(p) : sm90_forward_workspace(p); return {};
     default: return invalid("impl: %s is not a CUDA implementation", fa_impl_name(impl));
   }
 }
@@ -65,6 +65,10 @@ Status forward(const fa_params& p, fa_impl impl) {
 Status backward(const fa_params& p, fa_impl impl) {
   if (current_sm() < 80) return unsupported("impl %s needs compute capability 8.0 or later", fa_impl_name(impl));
   if (impl == FA_IMPL_CUDA_SM80) return sm80_backward(p);
+  if (impl == FA_IMPL_CUDA_SM90) {
+    if (current_sm() != 90) return unsupported("impl flashattn-sm90 needs an sm_90 GPU (H100/H200)");
+    return sm90_backward(p);
+  }
   return unsupported("impl %s has no backward pass", fa_impl_name(impl));
 }
 

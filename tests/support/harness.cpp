@@ -365,6 +365,13 @@ std::string join_errors(const std::vector<std::string>& errors) {
   return verdict(pr, impl, space, "forward", judge_forward(pr, ref, plain));
 }
 
+// The forward whose O and LSE a backward check starts from: the same implementation, except that the
+// Hopper forward takes fewer problems than the Hopper backward (TMA strides, head dims 64 / 128 / 256
+// only), so its backward starts from whichever forward the dispatcher picks.
+namespace {
+fa_impl forward_of(fa_impl impl) { return impl == FA_IMPL_CUDA_SM90 ? FA_IMPL_AUTO : impl; }
+}  // namespace
+
 ::testing::AssertionResult check_backward(const Case& c, fa_impl impl, Space space, uint64_t seed) {
   Problem pr = make_problem(c, seed);
   Outputs ref, plain;
@@ -374,7 +381,7 @@ std::string join_errors(const std::vector<std::string>& errors) {
     return ::testing::AssertionFailure() << "case [" << c.name() << "]: " << e.what();
   }
   plain = plain_backward(pr);
-  std::string err = run_impl(pr, impl, space, false);
+  std::string err = run_impl(pr, forward_of(impl), space, false);
   if (!err.empty()) return verdict(pr, impl, space, "backward", {"the forward call failed: " + err});
   err = run_impl(pr, impl, space, true);
   if (!err.empty()) return verdict(pr, impl, space, "backward", {"the call failed: " + err});
@@ -383,7 +390,7 @@ std::string join_errors(const std::vector<std::string>& errors) {
 
 ::testing::AssertionResult check_backward_deterministic(const Case& c, fa_impl impl, Space space, uint64_t seed) {
   Problem pr = make_problem(c, seed);
-  std::string err = run_impl(pr, impl, space, false);
+  std::string err = run_impl(pr, forward_of(impl), space, false);
   if (!err.empty()) return verdict(pr, impl, space, "deterministic backward", {"the forward call failed: " + err});
   std::vector<std::vector<unsigned char>> first;
   for (int run = 0; run < 2; ++run) {

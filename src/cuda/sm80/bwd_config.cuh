@@ -95,6 +95,24 @@ constexpr BwdConfig bwd_config(int kernel_head_dim) {
   return {0, 0, 0, 0, 0, 0, 0, 0, 0};
 }
 
+// The Hopper main kernel (src/cuda/sm90/bwd_kernel.cuh, wgmma): block_n 128 keys, two warpgroups of
+// 64 keys each; block_m per head_dim (S^T, dP^T of 64 x block_m and dK, dV of 64 x head_dim per
+// warpgroup in registers: (2 * block_m + 2 * head_dim) / 2 accumulators a thread, 192 at both).
+// It shares BwdParams, the workspace and the row kernels with the sm80 backward.
+struct Sm90BwdConfig {
+  int head_dim;
+  int block_m;
+};
+constexpr Sm90BwdConfig kSm90BwdConfigs[] = {{64, 128}, {128, 64}};
+constexpr int kSm90BwdBlockN = 128;
+
+// block_m of the Hopper kernel for this kernel head_dim, 0 when it has none.
+constexpr int sm90_bwd_block_m(int kernel_head_dim) {
+  for (const Sm90BwdConfig& c : kSm90BwdConfigs)
+    if (c.head_dim == kernel_head_dim) return c.block_m;
+  return 0;
+}
+
 // What the three backward kernels read. Strides are in elements, 64-bit.
 struct BwdParams {
   const void *q, *k, *v, *o, *dout;

@@ -302,6 +302,26 @@ __global__ void __launch_bounds__(256) bwd_convert_dq_kernel(const BwdParams p) 
     if (c0 + e < p.head_dim) dq[e] = from_float<T>(x[e] * p.softmax_scale);
 }
 
+// The launches of kernels 1 and 3 on bp's stream (shared by the sm80 and the sm90 backward).
+template <class T, int kHeadDim>
+Status launch_bwd_preprocess(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores) {
+  if (bp.rows_q == 0) return {};
+  const dim3 grid(unsigned((bp.rows_q + kBwdRowsPerBlock<kHeadDim> - 1) / kBwdRowsPerBlock<kHeadDim>),
+                  unsigned(bp.num_heads));
+  bwd_preprocess_kernel<T, kHeadDim><<<grid, 256, 0, stream>>>(bp, num_semaphores);
+  FA_CUDA_CHECK_LAUNCH("backward preprocess");
+  return {};
+}
+template <class T, int kHeadDim>
+Status launch_bwd_convert_dq(const BwdParams& bp, cudaStream_t stream) {
+  if (bp.rows_q == 0) return {};
+  const dim3 grid(unsigned((bp.rows_q + kBwdRowsPerBlock<kHeadDim> - 1) / kBwdRowsPerBlock<kHeadDim>),
+                  unsigned(bp.num_heads));
+  bwd_convert_dq_kernel<T, kHeadDim><<<grid, 256, 0, stream>>>(bp);
+  FA_CUDA_CHECK_LAUNCH("backward convert dq");
+  return {};
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. The main kernel.
 
@@ -317,8 +337,9 @@ struct BandMask {
 // P^T = exp2(S^T * scale * log2 e - lse * log2 e) and dS^T = P^T * (dP^T - D) [* (1 - tanh^2)] in place
 // of s and dp (n8 tiles x 4 fragment elements: element e is row row0 + 8 (e / 2), column + e % 2).
 // kGeneral = false is the common path (no softcap, interior block): no per-element branch.
+// kSoftcap = false leaves the softcap out of the general path (the caller branches on it once).
 // lse_cols, dsum_cols: lse and D of the thread's columns (shared memory, + nt * 8 + {0, 1}).
-template <bool kGeneral, int kTiles>
+template <bool kGeneral, int kTiles, bool kSoftcap = true>
 __device__ __forceinline__ void probs_and_grads(float (&s)[kTiles][4], float (&dp)[kTiles][4], const float* lse_cols,
                                                 const float* dsum_cols, const BwdParams& p, const BandMask& band,
                                                 bool masked) {
@@ -331,7 +352,7 @@ __device__ __forceinline__ void probs_and_grads(float (&s)[kTiles][4], float (&d
     for (int e = 0; e < 4; ++e) {
       const int j = e & 1;
       float pv, ds;
-      if (kGeneral && p.softcap > 0.f) {
+      if (kGeneral && kSoftcap && p.softcap > 0.f) {
         const float th = tanhf(s[nt][e] * p.softcap_inv);
         pv = exp2_fast(p.softcap * kLog2e * th - lse_log2[j]);
         ds = pv * (dp[nt][e] - dsum[j]) * (1.f - th * th);

@@ -1,5 +1,7 @@
-// Entry points of the sm80 backward: the workspace size and the dispatch from (dtype, head_dim) to
-// the instantiation built in bwd_hdim<N>_<dtype>.cu (pruned by FLASHATTN_CUDA_HEAD_DIMS).
+// Entry points of the backward, both families: the workspace size and the dispatch from (dtype,
+// head_dim) to the instantiation built in sm80/bwd_hdim<N>_<dtype>.cu or, for the Hopper main kernel
+// (head dims 64 and 128), sm90/bwd_hdim<N>_<dtype>.cu (pruned by FLASHATTN_CUDA_HEAD_DIMS). Both take
+// the same BwdParams and workspace; only block_m (the deterministic semaphores) differs.
 //
 // Workspace (each part 256-byte aligned), all of it O(seqlen_q), none O(seqlen_q * seqlen_k):
 //   D = rowsum(dO * O)   fp32 (num_heads, rows_q)
@@ -18,12 +20,30 @@ namespace flashattn::sm80 {
 template <class T, int kHeadDim>
 Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores);
 
+}  // namespace flashattn::sm80
+
+namespace flashattn::cuda::sm90 {
+template <class T, int kHeadDim>
+Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semaphores);
+}  // namespace flashattn::cuda::sm90
+
+namespace flashattn::sm80 {
 namespace {
 
 using RunBwd = Status (*)(const BwdParams&, cudaStream_t, int32_t);
 struct BwdKernels {
   int head_dim;
   RunBwd fp16, bf16;
+};
+// The Hopper main kernel's instantiations (sm_90a, built beside the sm90 forward).
+constexpr BwdKernels kSm90BwdKernels[] = {
+#if FLASHATTN_HAVE_SM90 && defined(FLASHATTN_HDIM_64)
+    {64, &cuda::sm90::run_bwd<__half, 64>, &cuda::sm90::run_bwd<__nv_bfloat16, 64>},
+#endif
+#if FLASHATTN_HAVE_SM90 && defined(FLASHATTN_HDIM_128)
+    {128, &cuda::sm90::run_bwd<__half, 128>, &cuda::sm90::run_bwd<__nv_bfloat16, 128>},
+#endif
+    {0, nullptr, nullptr},
 };
 // The instantiations this build has (the sentinel keeps the table non-empty).
 constexpr BwdKernels kBwdKernels[] = {
@@ -57,14 +77,16 @@ struct BwdWorkspace {
   size_t d_sum = 0, dq_accum = 0, semaphore = 0, total = 0;  // byte offsets, total size
 };
 
-BwdWorkspace workspace_layout(const fa_params& p) {
+// hopper: the layout for the sm90 main kernel (its block_m, no d split).
+BwdWorkspace workspace_layout(const fa_params& p, bool hopper) {
   BwdWorkspace w;
   w.kernel_head_dim = bwd_kernel_head_dim(p.head_dim);
   if (w.kernel_head_dim == 0 || p.batch <= 0) return w;
   const BwdConfig c = bwd_config(w.kernel_head_dim);
+  const int block_m = hopper ? sm90_bwd_block_m(w.kernel_head_dim) : c.block_m, split_d = hopper ? 1 : c.split_d;
   w.rows_q = is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q;
-  w.num_m_blocks = (p.seqlen_q + c.block_m - 1) / c.block_m;
-  w.num_semaphores = p.deterministic ? p.batch * p.num_heads * w.num_m_blocks * c.split_d : 0;
+  w.num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
+  w.num_semaphores = p.deterministic ? p.batch * p.num_heads * w.num_m_blocks * split_d : 0;
   w.d_sum = 0;
   w.dq_accum = align256(sizeof(float) * size_t(p.num_heads) * size_t(w.rows_q));
   w.semaphore = w.dq_accum + align256(sizeof(float) * size_t(p.num_heads) * size_t(w.rows_q) * w.kernel_head_dim);
@@ -79,25 +101,36 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 namespace flashattn::cuda {
 
-size_t sm80_backward_workspace(const fa_params& p) { return sm80::workspace_layout(p).total; }
+namespace {
 
-Status sm80_backward(const fa_params& p) {
+// The instantiation of this family for p's (dtype, kernel head_dim), null when not built.
+sm80::RunBwd find_bwd(const fa_params& p, bool hopper) {
+  const int kernel_head_dim = sm80::bwd_kernel_head_dim(p.head_dim);
+  if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16) return nullptr;
+  for (const sm80::BwdKernels& k : hopper ? sm80::kSm90BwdKernels : sm80::kBwdKernels)
+    if (k.head_dim != 0 && k.head_dim == kernel_head_dim) return p.dtype == FA_FLOAT16 ? k.fp16 : k.bf16;
+  return nullptr;
+}
+
+Status backward(const fa_params& p, bool hopper) {
   using namespace sm80;
+  const char* name = hopper ? "flashattn-sm90" : "flashattn-sm80";
   if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16)
-    return unsupported("flashattn-sm80 backward supports fp16 and bf16 (got %s)", fa_dtype_name(p.dtype));
-  const BwdWorkspace w = workspace_layout(p);
-  if (w.kernel_head_dim == 0) return unsupported("flashattn-sm80 backward: head_dim %d exceeds 256", p.head_dim);
-  RunBwd run = nullptr;
-  for (const BwdKernels& k : kBwdKernels)
-    if (k.head_dim == w.kernel_head_dim) run = p.dtype == FA_FLOAT16 ? k.fp16 : k.bf16;
+    return unsupported("%s backward supports fp16 and bf16 (got %s)", name, fa_dtype_name(p.dtype));
+  const BwdWorkspace w = workspace_layout(p, hopper);
+  if (w.kernel_head_dim == 0) return unsupported("%s backward: head_dim %d exceeds 256", name, p.head_dim);
+  const RunBwd run = find_bwd(p, hopper);
+  if (!run && hopper)
+    return unsupported("flashattn-sm90 backward: no kernel for head_dim %d (kernel %d; it has 33..64 and 97..128)",
+                       p.head_dim, w.kernel_head_dim);
   if (!run)
-    return unsupported("flashattn-sm80 backward: head_dim %d (kernel %d) was not built (FLASHATTN_CUDA_HEAD_DIMS)",
+    return unsupported("%s backward: head_dim %d (kernel %d) was not built (FLASHATTN_CUDA_HEAD_DIMS)", name,
                        p.head_dim, w.kernel_head_dim);
   if (p.batch == 0 || p.seqlen_q + p.seqlen_k == 0) return {};
-  FA_RETURN_IF_ERROR(require_workspace(p, w.total, "flashattn-sm80 backward"));
+  FA_RETURN_IF_ERROR(require_workspace(p, w.total, hopper ? "flashattn-sm90 backward" : "flashattn-sm80 backward"));
   if (w.total > 0 && !aligned16(p.workspace))  // the dQ accumulator is zeroed with 16-byte stores
     return {FA_ERROR_WORKSPACE,
-            format("workspace: flashattn-sm80 backward needs 16-byte aligned device memory (got %p)", p.workspace)};
+            format("workspace: %s backward needs 16-byte aligned device memory (got %p)", name, p.workspace)};
 
   BwdParams bp{};
   bp.q = p.q, bp.k = p.k, bp.v = p.v, bp.o = p.o, bp.dout = p.dout;
@@ -145,5 +178,14 @@ Status sm80_backward(const fa_params& p) {
   bp.dq_semaphore = w.num_semaphores > 0 ? reinterpret_cast<int32_t*>(ws + w.semaphore) : nullptr;
   return run(bp, stream_of(p), w.num_semaphores);
 }
+
+}  // namespace
+
+size_t sm80_backward_workspace(const fa_params& p) { return sm80::workspace_layout(p, false).total; }
+Status sm80_backward(const fa_params& p) { return backward(p, false); }
+
+bool sm90_backward_supports(const fa_params& p) { return find_bwd(p, true) != nullptr; }
+size_t sm90_backward_workspace(const fa_params& p) { return sm80::workspace_layout(p, true).total; }
+Status sm90_backward(const fa_params& p) { return backward(p, true); }
 
 }  // namespace flashattn::cuda

@@ -18,12 +18,7 @@ inline int device_major() {
 template <class T, int kHeadDim>
 Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores) {
   constexpr BwdConfig kConfig = bwd_config(kHeadDim);
-  if (bp.rows_q > 0) {
-    const dim3 grid(unsigned((bp.rows_q + kBwdRowsPerBlock<kHeadDim> - 1) / kBwdRowsPerBlock<kHeadDim>),
-                    unsigned(bp.num_heads));
-    bwd_preprocess_kernel<T, kHeadDim><<<grid, 256, 0, stream>>>(bp, num_semaphores);
-    FA_CUDA_CHECK_LAUNCH("sm80 backward preprocess");
-  }
+  FA_RETURN_IF_ERROR((launch_bwd_preprocess<T, kHeadDim>(bp, stream, num_semaphores)));
   if (bp.seqlen_k > 0) {
     if constexpr (kConfig.layout == 1) {
       using Tr = Bwd2dTraits<T, kHeadDim>;
@@ -44,13 +39,7 @@ Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores)
     }
     FA_CUDA_CHECK_LAUNCH("sm80 backward main");
   }
-  if (bp.rows_q > 0) {
-    const dim3 grid(unsigned((bp.rows_q + kBwdRowsPerBlock<kHeadDim> - 1) / kBwdRowsPerBlock<kHeadDim>),
-                    unsigned(bp.num_heads));
-    bwd_convert_dq_kernel<T, kHeadDim><<<grid, 256, 0, stream>>>(bp);
-    FA_CUDA_CHECK_LAUNCH("sm80 backward convert dq");
-  }
-  return {};
+  return launch_bwd_convert_dq<T, kHeadDim>(bp, stream);
 }
 
 // One explicit instantiation per (dtype, head_dim) translation unit.

@@ -1,0 +1,309 @@
+// FA2 backward main kernel on Hopper tensor cores (wgmma, sm_90a): the algorithm, work split,
+// skipping, masking, GQA loop, deterministic order and dQ path of the sm80 2D kernel
+// (sm80/bwd_kernel_2d.cuh), with every product a warpgroup MMA instead of mma.sync + ldmatrix.
+//
+// One CTA per (k-block of 128 keys, kv head, batch); two warpgroups, warpgroup w owns keys
+// 64 w .. 64 w + 63 of the block. Per q-block i (Q_i, dO_i, lse_i, D_i double-buffered by cp.async
+// into the 128-byte-swizzled SmemTile layout, which is wgmma's canonical K-major layout):
+//   S^T  = K_w Q_i^T     (64 x block_m)   A = K_w, B = Q_i       both K-major in shared memory
+//   dP^T = V_w dO_i^T    (64 x block_m)   A = V_w, B = dO_i
+//   P^T, dS^T in registers (sm80::probs_and_grads on the accumulator layout, which is mma.sync's)
+//   dV_w += P^T dO_i     (64 x head_dim)  A = P^T from registers, B = dO_i MN-major
+//   dK_w += dS^T Q_i     (64 x head_dim)  A = dS^T from registers, B = Q_i MN-major
+//   dS^T -> shared memory; barrier
+//   dQ_i  = dS K         (block_m x head_dim over both warpgroups: 64 x 64 each)
+//                                         A = dS^T (MN-major: .trans), B = K MN-major
+//   dQ_i -> staged in shared memory, added by bulk reductions (or ordered atomics, deterministic)
+// The dV, dK products run on the tensor cores while the warpgroups store dS^T and meet at the
+// barrier; the dQ product follows them in the same queue.
+#pragma once
+
+#include <type_traits>
+
+#include "cuda/sm80/bwd_kernel_2d.cuh"
+#include "cuda/sm90/primitives.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <class T, int kHeadDim>
+struct BwdTraits {
+  static constexpr int kBlockM = sm80::sm90_bwd_block_m(kHeadDim), kBlockN = sm80::kSm90BwdBlockN;
+  static constexpr int kThreads = 256;  // two warpgroups
+  static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  // dQ_i (block_m x head_dim): warpgroups kDqWgM over the rows (64 each) x the rest over head_dim.
+  static constexpr int kDqWgM = kBlockM / 64, kDqN = kHeadDim / (2 / kDqWgM);
+  static_assert(kBlockM % 64 == 0 && kBlockM <= 128 && kHeadDim % 64 == 0 && kDqN % 64 == 0,
+                "tiles of whole 64-column panels (128-byte rows)");
+  using TileKV = sm80::SmemTile<kBlockN, kHeadDim>;  // K_j, V_j: panels of [block_n][64]
+  using TileQ = sm80::SmemTile<kBlockM, kHeadDim>;   // Q_i, dO_i: panels of [block_m][64]
+  using TileDs = sm80::SmemTile<kBlockN, kBlockM>;   // dS^T: panels of [block_n][64 queries]
+  static constexpr uint32_t kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128, kDsPanel = kBlockN * 128;
+  // K, V, 2 x (Q, dO), dS^T, 2 x (lse, D), then the fp32 dQ staging tile [block_m][head_dim + 4]
+  // (16-byte row padding: the 8 rows of a fragment store fall in different bank quarters).
+  static constexpr int kDqRowFloats = kHeadDim + 4;
+  static constexpr int kSmemBytes = 2 * TileKV::kBytes + 4 * TileQ::kBytes + TileDs::kBytes + 4 * kBlockM * 4 +
+                                    kBlockM * kDqRowFloats * 4;
+  static_assert(kSmemBytes <= 227 * 1024, "the H100's shared memory");
+  static_assert(TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDs::kBytes % 1024 == 0,
+                "every tile starts on a 1024-byte swizzle atom");
+};
+
+// Descriptor of a 128-byte-swizzled operand: K-major (rows of 64 k-elements; the k16 step adds
+// 32 bytes) or MN-major (lbo: the next 64-wide panel of M / N; a k16 step is 16 rows, 2048 bytes).
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t addr) { return make_smem_desc(addr, 16, 1024); }
+__device__ __forceinline__ uint64_t mnmajor_desc(uint32_t addr, uint32_t panel_bytes) {
+  return make_smem_desc(addr, panel_bytes, 1024);
+}
+
+// x through an opaque move: the descriptors built from it inside the q-block loop are not hoisted
+// out of the loop (several dozen loop-invariant 64-bit descriptors would crowd out the accumulators).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
+}
+
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams p) {
+  using namespace sm80;
+  using Tr = BwdTraits<T, kHeadDim>;
+  using TileKV = typename Tr::TileKV;
+  using TileQ = typename Tr::TileQ;
+  using TileDs = typename Tr::TileDs;
+  constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kThreads = Tr::kThreads;
+  using MmaS = Wgmma<kBlockM, Tr::kBf16>;   // S^T, dP^T: 64 x block_m
+  using MmaKV = Wgmma<kHeadDim, Tr::kBf16>; // dV, dK: 64 x head_dim
+  using MmaQ = Wgmma<Tr::kDqN, Tr::kBf16>;  // dQ: 64 x kDqN
+
+  extern __shared__ __align__(1024) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + TileKV::kElements;
+  T* sQ = sV + TileKV::kElements;      // [2][block_m x head_dim]
+  T* sDo = sQ + 2 * TileQ::kElements;  // [2][block_m x head_dim]
+  T* sDs = sDo + 2 * TileQ::kElements;  // dS^T (block_n x block_m)
+  float* sLse = reinterpret_cast<float*>(sDs + TileDs::kElements);  // [2][block_m]
+  float* sD = sLse + 2 * kBlockM;                                   // [2][block_m]
+  float* sDq = sD + 2 * kBlockM;                                    // [block_m][head_dim + 4]
+
+  const int n_block = blockIdx.x, head_kv = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128, warp_in_wg = (tid / 32) % 4;
+  const int g = lane / 4, t = lane % 4;  // accumulator fragment coordinates (mma.sync's C layout)
+  const BwdSeq seq = bwd_sequence(p, b);
+  const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
+  const int n0 = n_block * kBlockN, n1 = n0 + kBlockN;
+  if (n0 >= seqlen_k) return;
+  const bool vectorized = p.vectorized != 0;
+  const Mask mask(seqlen_q, seqlen_k, p.causal != 0, p.window_left, p.window_right);
+
+  int i_begin, i_end;
+  bwd_q_block_range<kBlockM>(mask, seqlen_q, n0, n1, i_begin, i_end);
+  const int m_range = i_end - i_begin, num_iters = p.group * m_range;
+  load_kv_block<T, kBlockN, kHeadDim, kThreads>(sK, sV, p, seq, n0, head_kv);
+
+  const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
+  auto load_q_block = [&](int h, int m_block, int buf) {
+    const int m0 = m_block * kBlockM;
+    const T* q_tile = static_cast<const T*>(p.q) +
+                      bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, h);
+    const T* do_tile = static_cast<const T*>(p.dout) +
+                       bwd_offset(seq, seq.q_start, p.do_batch_stride, p.do_row_stride, p.do_head_stride, m0, h);
+    if (whole_head_dim && m0 + kBlockM <= seqlen_q) {
+      load_whole_tile<T, kBlockM, kHeadDim, kThreads>(smem_addr(sQ + buf * TileQ::kElements), q_tile, p.q_row_stride);
+      load_whole_tile<T, kBlockM, kHeadDim, kThreads>(smem_addr(sDo + buf * TileQ::kElements), do_tile, p.do_row_stride);
+    } else {
+      load_tile<T, kBlockM, kHeadDim, kThreads>(sQ + buf * TileQ::kElements, q_tile, p.q_row_stride, seqlen_q - m0,
+                                                p.head_dim, vectorized);
+      load_tile<T, kBlockM, kHeadDim, kThreads>(sDo + buf * TileQ::kElements, do_tile, p.do_row_stride, seqlen_q - m0,
+                                                p.head_dim, vectorized);
+    }
+    load_lse_d<kBlockM>(sLse + buf * kBlockM, sD + buf * kBlockM, p, seq, h, m0);
+  };
+  int h = head_kv * p.group, m_block = i_begin;
+  if (num_iters > 0) load_q_block(h, m_block, 0);
+  cp_async_commit();
+
+  // This thread's rows: keys key_row (+ 8) of S^T, dP^T, dK, dV; dQ rows dq_row (+ 8) from column dq_d0.
+  const int key_row = 64 * wg + 16 * warp_in_wg + g;
+  const int dq_m0 = 64 * (wg % Tr::kDqWgM), dq_d0 = Tr::kDqN * (wg / Tr::kDqWgM);
+  const uint32_t k_addr = smem_addr(sK) + 64 * wg * 128, v_addr = k_addr + TileKV::kBytes;  // this warpgroup's keys
+  const uint32_t q_addr = smem_addr(sQ), do_addr = smem_addr(sDo);
+  const uint32_t ds_addr = smem_addr(sDs) + (dq_m0 / 64) * Tr::kDsPanel;
+  const uint32_t k_dq_addr = smem_addr(sK) + (dq_d0 / 64) * Tr::kKVPanel;
+
+  float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
+#pragma unroll
+  for (int e = 0; e < kHeadDim / 2; ++e) acc_dk[e] = acc_dv[e] = 0.f;
+
+  const bool bulk_dq = !p.deterministic;
+  float* dq_pending = nullptr;
+  int dq_pending_rows = 0;
+  auto issue_pending_dq = [&] {
+    if (bulk_dq && tid < dq_pending_rows)
+      bulk_reduce_add_f32(dq_pending + int64_t(tid) * kHeadDim, smem_addr(sDq + tid * Tr::kDqRowFloats), kHeadDim * 4);
+  };
+
+  for (int it = 0; it < num_iters; ++it) {
+    const int buf = it & 1;
+    cp_async_wait<0>();
+    fence_proxy_async_shared();  // the tile's generic-proxy writes, before the tensor cores read them
+    __syncthreads();  // tile `it` landed; every warpgroup is done with iteration it - 1
+    issue_pending_dq();
+    const bool next_head = m_block + 1 == i_end;
+    const int h_next = next_head ? h + 1 : h, m_next = next_head ? i_begin : m_block + 1;
+    if (it + 1 < num_iters) load_q_block(h_next, m_next, buf ^ 1);
+    cp_async_commit();
+
+    const int m0 = m_block * kBlockM;
+    const uint32_t q_buf = opaque(q_addr + buf * TileQ::kBytes), do_buf = opaque(do_addr + buf * TileQ::kBytes);
+    const uint32_t k_it = opaque(k_addr), v_it = opaque(v_addr);
+
+    // S^T = K_w Q_i^T and dP^T = V_w dO_i^T.
+    float s[kBlockM / 2], dp[kBlockM / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t off = (kk / 4) * Tr::kKVPanel + (kk % 4) * 32, qoff = (kk / 4) * Tr::kQPanel + (kk % 4) * 32;
+      MmaS::template ss<0>(s, kmajor_desc(k_it + off), kmajor_desc(q_buf + qoff), kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t off = (kk / 4) * Tr::kKVPanel + (kk % 4) * 32, qoff = (kk / 4) * Tr::kQPanel + (kk % 4) * 32;
+      MmaS::template ss<0>(dp, kmajor_desc(v_it + off), kmajor_desc(do_buf + qoff), kk > 0);
+    }
+    wgmma_commit();
+
+    // Boundary blocks: visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (block coordinates).
+    const int mlast = min(m0 + kBlockM, seqlen_q) - 1;
+    const bool need_mask = !(mask.key_begin(mlast) <= n0 && mask.key_end(m0) >= n1 && m0 + kBlockM <= seqlen_q &&
+                             n1 <= seqlen_k);
+    int band_lo = -(1 << 30), band_hi = 1 << 30;
+    if (need_mask) {
+      const int64_t diag = int64_t(seqlen_k) - seqlen_q - (n0 - m0);  // key row - query column on the diagonal
+      if (mask.left >= 0) band_lo = int(max(int64_t(band_lo), diag - mask.left));
+      if (mask.right >= 0) band_hi = int(min(int64_t(band_hi), diag + mask.right));
+    }
+    const BandMask band{key_row, 2 * t, band_lo, band_hi, seqlen_k - n0, seqlen_q - m0};
+
+    wgmma_wait<0>();
+    fence_registers(s);
+    fence_registers(dp);
+    // P^T, dS^T in place (the accumulator is an array of n8 tiles of mma.sync's C layout).
+    auto& s_tiles = reinterpret_cast<float(&)[kBlockM / 8][4]>(s);
+    auto& dp_tiles = reinterpret_cast<float(&)[kBlockM / 8][4]>(dp);
+    const float* lse_cols = sLse + buf * kBlockM + 2 * t;
+    const float* dsum_cols = sD + buf * kBlockM + 2 * t;
+    if (p.softcap > 0.f) probs_and_grads<true>(s_tiles, dp_tiles, lse_cols, dsum_cols, p, band, need_mask);
+    else if (need_mask) probs_and_grads<true, kBlockM / 8, false>(s_tiles, dp_tiles, lse_cols, dsum_cols, p, band, true);
+    else probs_and_grads<false>(s_tiles, dp_tiles, lse_cols, dsum_cols, p, band, false);
+
+    // A operands of dV += P^T dO_i and dK += dS^T Q_i (k16 step kk = query columns 16 kk ..).
+    uint32_t a_p[kBlockM / 16][4], a_ds[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        a_p[kk][r] = sm80::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        a_ds[kk][r] = sm80::pack2<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+      }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      MmaKV::template rs<1>(acc_dv, a_p[kk], mnmajor_desc(do_buf + kk * 2048, Tr::kQPanel), 1);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      MmaKV::template rs<1>(acc_dk, a_ds[kk], mnmajor_desc(q_buf + kk * 2048, Tr::kQPanel), 1);
+    wgmma_commit();
+
+    // dS^T to shared memory while those run: a_ds[kk][r] is row key_row + 8 (r % 2), columns
+    // 16 kk + 8 (r / 2) + 2 t, + 1.
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(key_row + 8 * (r % 2), 16 * kk + 8 * (r / 2)) + 2 * t) =
+            a_ds[kk][r];
+    fence_proxy_async_shared();
+    bulk_wait_read();  // the last iteration's dQ reductions have read sDq (issued an iteration ago)
+    __syncthreads();   // dS^T complete; sDq free
+
+    // dQ_i rows dq_m0 .. + 63, columns dq_d0 .. + kDqN - 1 = dS K over the block's 128 keys.
+    float acc_dq[Tr::kDqN / 2];
+    const uint32_t ds_it = opaque(ds_addr), k_dq_it = opaque(k_dq_addr);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      MmaQ::template ss<1, 1>(acc_dq, mnmajor_desc(ds_it + kk * 2048, Tr::kDsPanel),
+                              mnmajor_desc(k_dq_it + kk * 2048, Tr::kKVPanel), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(acc_dq);
+    fence_registers(acc_dv);
+    fence_registers(acc_dk);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {  // read by the tensor cores until here
+      fence_registers(a_p[kk]);
+      fence_registers(a_ds[kk]);
+    }
+
+    const int dq_row = dq_m0 + 16 * warp_in_wg + g;
+    if (bulk_dq) {  // stage dQ_i; the next iteration's first barrier publishes it to the reductions
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float* dst = sDq + (dq_row + 8 * i) * Tr::kDqRowFloats + dq_d0 + 2 * t;
+#pragma unroll
+        for (int n = 0; n < Tr::kDqN / 8; ++n)
+          *reinterpret_cast<float2*>(dst + n * 8) = make_float2(acc_dq[4 * n + 2 * i], acc_dq[4 * n + 2 * i + 1]);
+      }
+      fence_proxy_async_shared();
+      dq_pending = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+      dq_pending_rows = min(kBlockM, seqlen_q - m0);
+    } else {
+      int32_t* semaphore = p.dq_semaphore + (int64_t(b) * p.num_heads + h) * p.num_m_blocks + m_block;
+      const int expected = n_block - int(mask.key_begin(m0) / kBlockN);
+      if (tid == 0)
+        while (ld_acquire(semaphore) != expected) {
+        }
+      __syncthreads();
+      float* acc_rows = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = dq_row + 8 * i;
+        if (m0 + row >= seqlen_q) continue;
+        float* dst = acc_rows + (row * kHeadDim + dq_d0 + 2 * t);
+#pragma unroll
+        for (int n = 0; n < Tr::kDqN / 8; ++n) atomic_add2(dst + n * 8, acc_dq[4 * n + 2 * i], acc_dq[4 * n + 2 * i + 1]);
+      }
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) atomicAdd(semaphore, 1);
+    }
+    h = h_next, m_block = m_next;
+  }
+  if (bulk_dq) {
+    __syncthreads();  // the last q-block's sDq is complete
+    issue_pending_dq();
+    bulk_wait_all();  // shared memory must outlive the reads; the convert kernel reads the sums
+  }
+
+  // dK_j * softmax_scale and dV_j in the dtype (rows past seqlen_k and padded columns dropped).
+  T* dk = static_cast<T*>(p.dk) +
+          bwd_offset(seq, seq.k_start, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, n0, head_kv);
+  T* dv = static_cast<T*>(p.dv) +
+          bwd_offset(seq, seq.k_start, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, n0, head_kv);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = key_row + 8 * i;
+    if (n0 + row >= seqlen_k) continue;
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      const int col = 8 * n + 2 * t;
+      store2<T>(dk + int64_t(row) * p.dk_row_stride, col, p.head_dim, acc_dk[4 * n + 2 * i] * p.softmax_scale,
+                acc_dk[4 * n + 2 * i + 1] * p.softmax_scale, vectorized);
+      store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[4 * n + 2 * i],
+                acc_dv[4 * n + 2 * i + 1], vectorized);
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,28 @@
+// Host side of the Hopper backward: the sm80 row kernels (D = rowsum(dO * O) and the dQ
+// conversion) around the wgmma main kernel of bwd_kernel.cuh, on bp's stream.
+#pragma once
+
+#include "cuda/sm90/bwd_kernel.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+template <class T, int kHeadDim>
+Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semaphores) {
+  using Tr = BwdTraits<T, kHeadDim>;
+  FA_RETURN_IF_ERROR((sm80::launch_bwd_preprocess<T, kHeadDim>(bp, stream, num_semaphores)));
+  if (bp.seqlen_k > 0) {
+    auto kernel = bwd_main_kernel<T, kHeadDim>;
+    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+    const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(bp.num_heads_kv),
+                    unsigned(bp.batch));
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp);
+    FA_CUDA_CHECK_LAUNCH("sm90 backward main");
+  }
+  return sm80::launch_bwd_convert_dq<T, kHeadDim>(bp, stream);
+}
+
+// One explicit instantiation per (dtype, head_dim) translation unit (bwd_hdim<N>_<dtype>.cu).
+#define FLASHATTN_SM90_BWD_INSTANTIATE(T, D) \
+  template Status run_bwd<T, D>(const sm80::BwdParams&, cudaStream_t, int32_t);
+
+}  // namespace flashattn::cuda::sm90

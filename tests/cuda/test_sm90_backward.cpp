@@ -1,0 +1,111 @@
+// The Hopper (wgmma) backward against the fp64 reference gradient with the anchor rule (3x): the
+// standard awkward-shape list in fp16 and bf16 restricted to the head dims it takes (33..64 and
+// 97..128, the rest padded inside the kernel), plus shapes with many k-blocks and q-blocks per CTA
+// (dQ really sums over CTAs; block_m 128 at head_dim 64, 64 at 128), GQA groups looped inside one
+// CTA, causal with seqlen_q > seqlen_k, element-wise loads, softcap + varlen; and the
+// deterministic flag checked bit-for-bit. Skips without an sm_90 GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "support/harness.hpp"
+
+namespace {
+
+using fa_test::Case;
+using fa_test::make_case;
+
+bool hopper_present() {
+  if (!fa_test::cuda_present()) return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
+}
+
+bool hopper_head_dim(int d) { return (d > 32 && d <= 64) || (d > 96 && d <= 128); }
+
+std::vector<Case> sm90_backward_cases() {
+  std::vector<Case> out;
+  for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
+    for (const Case& c : fa_test::standard_backward_cases(dt, 256))
+      if (hopper_head_dim(c.head_dim)) out.push_back(c);
+    for (int d : {64, 128}) {
+      Case c = make_case(dt, 1, 300, 333, 4, 2, d);
+      out.push_back(c);
+      c.causal = true;
+      out.push_back(c);
+      c = make_case(dt, 2, 1000, 1100, 8, 2, d);  // several q-blocks and k-blocks, GQA 4
+      c.causal = true;
+      out.push_back(c);
+      c.causal = false, c.window_left = 300, c.window_right = 0, c.softcap = 20.f;
+      out.push_back(c);
+    }
+    Case c = make_case(dt, 2, 300, 77, 4, 4, 128);  // causal with seqlen_q > seqlen_k: fully masked rows
+    c.causal = true;
+    out.push_back(c);
+    c = make_case(dt, 1, 260, 260, 8, 1, 64);  // MQA: one CTA sums dK, dV over 8 query heads
+    c.window_left = 70, c.window_right = 0;
+    out.push_back(c);
+    c = make_case(dt, 1, 1, 1, 2, 2, 128);  // one key
+    out.push_back(c);
+    c = make_case(dt, 1, 40, 0, 2, 2, 64);  // no keys: dq = 0
+    out.push_back(c);
+    for (int d : {40, 112}) {  // padded to the kernel head_dim
+      c = make_case(dt, 1, 150, 170, 2, 1, d);
+      c.causal = d == 40;
+      out.push_back(c);
+    }
+    c = make_case(dt, 1, 130, 140, 2, 2, 64);  // strides not a multiple of 8: element-wise loads and stores
+    c.row_padding = 3;
+    out.push_back(c);
+    c.softcap = 20.f, c.row_padding = 0, c.seqlens_q = {0, 130, 64, 1}, c.seqlens_k = {9, 0, 300, 200};
+    c.batch = 4, c.seqlen_q = 130, c.seqlen_k = 300;  // varlen: the longest sequences
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Deterministic mode: dQ sums over many k-blocks in a fixed order.
+std::vector<Case> sm90_deterministic_cases() {
+  std::vector<Case> out;
+  for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
+    for (int d : {64, 128}) {
+      Case c = make_case(dt, 2, 256, 1000, 4, 2, d);
+      c.deterministic = true;
+      out.push_back(c);
+      c.causal = true;
+      out.push_back(c);
+    }
+    Case c = make_case(dt, 1, 1, 1, 4, 1, 64);
+    c.deterministic = true, c.causal = true, c.window_left = 100;
+    c.seqlens_q = {700, 0, 300}, c.seqlens_k = {900, 50, 290};
+    c.batch = 3, c.seqlen_q = 700, c.seqlen_k = 900;
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::string param_name(const testing::TestParamInfo<Case>& info) { return fa_test::test_name(info.param.name()); }
+
+class Sm90Backward : public testing::TestWithParam<Case> {};
+
+TEST_P(Sm90Backward, MatchesReference) {
+  if (!hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
+  EXPECT_TRUE(fa_test::check_backward(GetParam(), FA_IMPL_CUDA_SM90, fa_test::Space::Cuda));
+}
+
+INSTANTIATE_TEST_SUITE_P(Standard, Sm90Backward, testing::ValuesIn(sm90_backward_cases()), param_name);
+
+class Sm90BackwardDeterministic : public testing::TestWithParam<Case> {};
+
+TEST_P(Sm90BackwardDeterministic, BitIdenticalAndCorrect) {
+  if (!hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
+  EXPECT_TRUE(fa_test::check_backward_deterministic(GetParam(), FA_IMPL_CUDA_SM90, fa_test::Space::Cuda));
+  EXPECT_TRUE(fa_test::check_backward(GetParam(), FA_IMPL_CUDA_SM90, fa_test::Space::Cuda));
+}
+
+INSTANTIATE_TEST_SUITE_P(Standard, Sm90BackwardDeterministic, testing::ValuesIn(sm90_deterministic_cases()),
+                         param_name);
+
+}  // namespace
