@@ -103,13 +103,19 @@ namespace flashattn::cuda {
 
 namespace {
 
+template <size_t N>
+sm80::RunBwd lookup(const sm80::BwdKernels (&table)[N], int kernel_head_dim, fa_dtype dtype) {
+  for (const sm80::BwdKernels& k : table)
+    if (k.head_dim != 0 && k.head_dim == kernel_head_dim) return dtype == FA_FLOAT16 ? k.fp16 : k.bf16;
+  return nullptr;
+}
+
 // The instantiation of this family for p's (dtype, kernel head_dim), null when not built.
 sm80::RunBwd find_bwd(const fa_params& p, bool hopper) {
   const int kernel_head_dim = sm80::bwd_kernel_head_dim(p.head_dim);
   if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16) return nullptr;
-  for (const sm80::BwdKernels& k : hopper ? sm80::kSm90BwdKernels : sm80::kBwdKernels)
-    if (k.head_dim != 0 && k.head_dim == kernel_head_dim) return p.dtype == FA_FLOAT16 ? k.fp16 : k.bf16;
-  return nullptr;
+  return hopper ? lookup(sm80::kSm90BwdKernels, kernel_head_dim, p.dtype)
+                : lookup(sm80::kBwdKernels, kernel_head_dim, p.dtype);
 }
 
 Status backward(const fa_params& p, bool hopper) {
