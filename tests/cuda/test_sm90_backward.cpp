@@ -4,7 +4,6 @@
 // (dQ really sums over CTAs; block_m 128 at head_dim 64, 64 at 128), GQA groups looped inside one
 // CTA, causal with seqlen_q > seqlen_k, element-wise loads, softcap + varlen; and the
 // deterministic flag checked bit-for-bit. Skips without an sm_90 GPU.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include "support/harness.hpp"
@@ -13,15 +12,6 @@ namespace {
 
 using fa_test::Case;
 using fa_test::make_case;
-
-bool hopper_present() {
-  if (!fa_test::cuda_present()) return false;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
 
 bool hopper_head_dim(int d) { return (d > 32 && d <= 64) || (d > 96 && d <= 128); }
 
@@ -91,7 +81,7 @@ std::string param_name(const testing::TestParamInfo<Case>& info) { return fa_tes
 class Sm90Backward : public testing::TestWithParam<Case> {};
 
 TEST_P(Sm90Backward, MatchesReference) {
-  if (!hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
+  if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
   EXPECT_TRUE(fa_test::check_backward(GetParam(), FA_IMPL_CUDA_SM90, fa_test::Space::Cuda));
 }
 
@@ -100,7 +90,7 @@ INSTANTIATE_TEST_SUITE_P(Standard, Sm90Backward, testing::ValuesIn(sm90_backward
 class Sm90BackwardDeterministic : public testing::TestWithParam<Case> {};
 
 TEST_P(Sm90BackwardDeterministic, BitIdenticalAndCorrect) {
-  if (!hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
+  if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
   EXPECT_TRUE(fa_test::check_backward_deterministic(GetParam(), FA_IMPL_CUDA_SM90, fa_test::Space::Cuda));
   EXPECT_TRUE(fa_test::check_backward(GetParam(), FA_IMPL_CUDA_SM90, fa_test::Space::Cuda));
 }

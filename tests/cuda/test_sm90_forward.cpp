@@ -2,7 +2,6 @@
 // awkward-shape list in fp16 and bf16 for head dims 64, 128 and 256, plus shapes long enough that
 // every CTA of the persistent grid runs several tiles through the k/v ring (causal, windowed,
 // softcapped, GQA, varlen with empty sequences). Skips without an sm_90 GPU.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include "support/harness.hpp"
@@ -10,15 +9,6 @@
 namespace {
 
 using fa_test::Case;
-
-bool hopper_present() {
-  if (!fa_test::cuda_present()) return false;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
 
 std::vector<Case> sm90_forward_cases() {
   std::vector<Case> out;
@@ -57,7 +47,7 @@ std::string param_name(const testing::TestParamInfo<Case>& info) { return fa_tes
 class Sm90Forward : public testing::TestWithParam<Case> {};
 
 TEST_P(Sm90Forward, MatchesReference) {
-  if (!hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
+  if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
   EXPECT_TRUE(fa_test::check_forward(GetParam(), FA_IMPL_CUDA_SM90, fa_test::Space::Cuda));
 }
 

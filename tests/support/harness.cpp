@@ -67,6 +67,19 @@ bool cuda_present() {
 #endif
 }
 
+bool hopper_present() {
+#if defined(FA_TEST_HAVE_CUDA)
+  if (!cuda_present()) return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // Running an implementation with its memory on the host or the GPU.
 

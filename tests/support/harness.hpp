@@ -51,6 +51,8 @@ inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
 // Built with CUDA and a GPU exists.
 bool cuda_present();
+// ... and it is an sm_90 GPU (H100 / H200): the Hopper kernels run.
+bool hopper_present();
 
 // Skips the current test when no GPU is usable (use at the top of CUDA tests).
 #define FA_SKIP_WITHOUT_CUDA() \

@@ -334,6 +334,26 @@ struct BandMask {
   }
 };
 
+// The mask of the pair (k-block [n0, n1), q-block [m0, m0 + kBlockM)): whether it is a boundary block
+// (need_mask), and then the band lo <= key row - query column <= hi of Mask in block coordinates,
+// clamped to 32 bits.
+struct BlockBand {
+  bool need_mask;
+  int lo, hi;
+};
+template <int kBlockM>
+__device__ __forceinline__ BlockBand block_band(const Mask& mask, int seqlen_q, int seqlen_k, int n0, int n1, int m0) {
+  const int mlast = min(m0 + kBlockM, seqlen_q) - 1;
+  BlockBand band{!(mask.key_begin(mlast) <= n0 && mask.key_end(m0) >= n1 && m0 + kBlockM <= seqlen_q && n1 <= seqlen_k),
+                 -(1 << 30), 1 << 30};
+  if (band.need_mask) {
+    const int64_t diag = int64_t(seqlen_k) - seqlen_q - (n0 - m0);  // key row - query column on the diagonal
+    if (mask.left >= 0) band.lo = int(max(int64_t(band.lo), diag - mask.left));
+    if (mask.right >= 0) band.hi = int(min(int64_t(band.hi), diag + mask.right));
+  }
+  return band;
+}
+
 // P^T = exp2(S^T * scale * log2 e - lse * log2 e) and dS^T = P^T * (dP^T - D) [* (1 - tanh^2)] in place
 // of s and dp (n8 tiles x 4 fragment elements: element e is row row0 + 8 (e / 2), column + e % 2).
 // kGeneral = false is the common path (no softcap, interior block): no per-element branch.
@@ -469,15 +489,9 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
 
     // Boundary blocks: the element mask in block coordinates (key row r, query column c), 32-bit:
     // visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (the band of Mask, clamped).
-    const int mlast = min(m0 + kBlockM, seqlen_q) - 1;
-    const bool need_mask = !(mask.key_begin(mlast) <= n0 && mask.key_end(m0) >= n1 && m0 + kBlockM <= seqlen_q &&
-                             n1 <= seqlen_k);
-    int band_lo = -(1 << 30), band_hi = 1 << 30;
-    if (need_mask) {
-      const int64_t diag = int64_t(seqlen_k) - seqlen_q - (n0 - m0);  // key row - query column on the diagonal
-      if (mask.left >= 0) band_lo = int(max(int64_t(band_lo), diag - mask.left));
-      if (mask.right >= 0) band_hi = int(min(int64_t(band_hi), diag + mask.right));
-    }
+    const BlockBand bb = block_band<kBlockM>(mask, seqlen_q, seqlen_k, n0, n1, m0);
+    const bool need_mask = bb.need_mask;
+    const int band_lo = bb.lo, band_hi = bb.hi;
     const int rows_k = seqlen_k - n0, cols_q = seqlen_q - m0;
     const float* lse_s = sLse + buf * kBlockM;
     const float* dsum_s = sD + buf * kBlockM;

@@ -229,15 +229,9 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     const uint32_t q_buf = buf * TileQ::kBytes;  // + the Q / dO cursors: this iteration's tiles
 
     // Boundary blocks: visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (block coordinates).
-    const int mlast = min(m0 + kBlockM, seqlen_q) - 1;
-    const bool need_mask = !(mask.key_begin(mlast) <= n0 && mask.key_end(m0) >= n1 && m0 + kBlockM <= seqlen_q &&
-                             n1 <= seqlen_k);
-    int band_lo = -(1 << 30), band_hi = 1 << 30;
-    if (need_mask) {
-      const int64_t diag = int64_t(seqlen_k) - seqlen_q - (n0 - m0);  // key row - query column on the diagonal
-      if (mask.left >= 0) band_lo = int(max(int64_t(band_lo), diag - mask.left));
-      if (mask.right >= 0) band_hi = int(min(int64_t(band_hi), diag + mask.right));
-    }
+    const BlockBand bb = block_band<kBlockM>(mask, seqlen_q, seqlen_k, n0, n1, m0);
+    const bool need_mask = bb.need_mask;
+    const int band_lo = bb.lo, band_hi = bb.hi;
     const int rows_k = seqlen_k - n0, cols_q = seqlen_q - m0;
 
     // S^T = K Q_i^T and dP^T = V dO_i^T on the warp's 32 keys x kSCols queries, in passes of

@@ -174,15 +174,9 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     wgmma_commit();
 
     // Boundary blocks: visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (block coordinates).
-    const int mlast = min(m0 + kBlockM, seqlen_q) - 1;
-    const bool need_mask = !(mask.key_begin(mlast) <= n0 && mask.key_end(m0) >= n1 && m0 + kBlockM <= seqlen_q &&
-                             n1 <= seqlen_k);
-    int band_lo = -(1 << 30), band_hi = 1 << 30;
-    if (need_mask) {
-      const int64_t diag = int64_t(seqlen_k) - seqlen_q - (n0 - m0);  // key row - query column on the diagonal
-      if (mask.left >= 0) band_lo = int(max(int64_t(band_lo), diag - mask.left));
-      if (mask.right >= 0) band_hi = int(min(int64_t(band_hi), diag + mask.right));
-    }
+    const BlockBand bb = block_band<kBlockM>(mask, seqlen_q, seqlen_k, n0, n1, m0);
+    const bool need_mask = bb.need_mask;
+    const int band_lo = bb.lo, band_hi = bb.hi;
     const BandMask band{key_row, 2 * t, band_lo, band_hi, seqlen_k - n0, seqlen_q - m0};
 
     wgmma_wait<0>();
