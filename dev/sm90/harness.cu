@@ -315,6 +315,15 @@ static std::vector<Case> check_cases(bool small) {
   return cases;
 }
 
+// BENCH_HDIMS / BENCH_SEQLENS (comma lists, e.g. "64" / "512,2048,16384") narrow the sweep;
+// BENCH_HDIMS the checks too (a variant built for some head dims only).
+static bool listed(const char* env, int x) {
+  const char* list = std::getenv(env);
+  if (!list || !*list) return true;
+  const std::string s = std::string(",") + list + ",";
+  return s.find("," + std::to_string(x) + ",") != std::string::npos;
+}
+
 // Timing of the standard sweep: bf16, 16k tokens, hidden 2048 (8 heads of 256).
 // Times the sweep; with only_d > 0 runs just that (head_dim, causal, seqlen) twice (for ncu).
 static void bench(const char* label, int only_d = 0, int only_causal = 0, int only_seqlen = 0) {
@@ -340,13 +349,6 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  // BENCH_HDIMS / BENCH_SEQLENS (comma lists, e.g. "64" / "512,2048,16384") narrow the sweep.
-  auto listed = [](const char* env, int x) {
-    const char* list = std::getenv(env);
-    if (!list || !*list) return true;
-    const std::string s = std::string(",") + list + ",";
-    return s.find("," + std::to_string(x) + ",") != std::string::npos;
-  };
   for (int d : {64, 128, 256}) {
     for (int causal : {0, 1}) {
       for (int seqlen : {512, 1024, 2048, 4096, 8192, 16384}) {
@@ -370,11 +372,26 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
         p.dtype = FA_BFLOAT16;
         p.causal = causal;
         p.window_left = p.window_right = -1;
-        for (int w = 0; w < 3; ++w) flashattn::cuda::sm90_forward(p);
+        // ~200 ms of calls first: the clocks settle at their loaded level whatever ran before
+        // (after an idle moment the first shapes would run at boost clocks, 5-15% faster).
+        {
+          cudaEventRecord(e0);
+          flashattn::cuda::sm90_forward(p);
+          cudaEventRecord(e1);
+          CHECK_CUDA(cudaEventSynchronize(e1));
+          float t1;
+          cudaEventElapsedTime(&t1, e0, e1);
+          const int warm = only_d ? 3 : std::max(3, int(200.f / std::max(t1, 1e-3f)));
+          for (int w = 0; w < warm; ++w) flashattn::cuda::sm90_forward(p);
+        }
         std::vector<float> ms;
+        // Calls back to back between the events: the host's work per call (tensor maps, launch)
+        // overlaps the kernel before, as in a training step, instead of adding to the time.
+        const int calls = only_d ? 1 : 5;
         for (int it = 0; it < (only_d ? 1 : 15); ++it) {
           cudaEventRecord(e0);
-          flashattn::Status st = flashattn::cuda::sm90_forward(p);
+          flashattn::Status st;
+          for (int c = 0; c < calls; ++c) st = flashattn::cuda::sm90_forward(p);
           cudaEventRecord(e1);
           CHECK_CUDA(cudaEventSynchronize(e1));
           if (!st.ok()) {
@@ -383,7 +400,7 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
           }
           float t;
           cudaEventElapsedTime(&t, e0, e1);
-          ms.push_back(t);
+          ms.push_back(t / calls);
         }
         std::sort(ms.begin(), ms.end());
         const double med = ms[ms.size() / 2];
@@ -415,6 +432,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1234);
   int failed = 0, total = 0;
   for (const Case& c : check_cases(small)) {
+    if (!listed("BENCH_HDIMS", c.head_dim)) continue;
     ++total;
     if (!run_case(c, rng)) ++failed;
   }

@@ -17,25 +17,28 @@ mkdir -p "$OUT"
 STEPS=${*:-check bench cudnn sass sanitize}
 B=build-sm90-dev
 VARIANTS=(
-  "before|64,128,256||dev/sm90/before"
-  "default|64,128,256|"
+  "before|64,128||dev/sm90/before"
+  "default|64,128|"
 )
 SAN=${SAN:-$(echo "${VARIANTS[-1]}" | cut -d'|' -f1)}
 FLAGS="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -diag-suppress 20012
-  -Xptxas=-warn-spills -DFLASHATTN_HDIM_64=1 -DFLASHATTN_HDIM_128=1 -DFLASHATTN_HDIM_256=1 -Iinclude -Isrc"
+  -Xptxas=-warn-spills -Iinclude -Isrc"
 nvidia-smi -L | tee "$OUT/device.log"
 nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv >> "$OUT/device.log"
 
 start=$(date +%s)
 mkdir -p $B
-nvcc $FLAGS -Xcompiler -fopenmp -c dev/sm90/harness.cu -o $B/harness.o > $B/harness.log 2>&1 &
+nvcc $FLAGS -DFLASHATTN_HDIM_64=1 -DFLASHATTN_HDIM_128=1 -DFLASHATTN_HDIM_256=1 -Xcompiler -fopenmp -c dev/sm90/harness.cu -o $B/harness.o > $B/harness.log 2>&1 &
 for v in "${VARIANTS[@]}"; do
   IFS='|' read -r name hdims defs root <<< "$v"
   root=${root:-src}
   [ -d $root/cuda/sm90 ] || { echo "$name: no $root/cuda/sm90"; continue; }
-  mkdir -p $B/$name
-  for f in $root/cuda/sm90/*.cu; do
-    nvcc -I$root $FLAGS $defs -Xptxas -v -c $f -o $B/$name/$(basename $f .cu).o > $B/$name/$(basename $f .cu).log 2>&1 &
+  rm -rf $B/$name && mkdir -p $B/$name
+  # Only the head dims the variant is timed at: launch.cu dispatches to those alone.
+  hflags=$(for d in 64 128 256; do echo -n " -DFLASHATTN_HDIM_$d=$([[ ,$hdims, == *,$d,* ]] && echo 1 || echo 0)"; done)
+  for f in $root/cuda/sm90/launch.cu $(for d in ${hdims//,/ }; do echo $root/cuda/sm90/fwd_hdim${d}_*.cu; done); do
+    nvcc -I$root $FLAGS $hflags $defs -Xptxas -v -c $f -o $B/$name/$(basename $f .cu).o \
+      > $B/$name/$(basename $f .cu).log 2>&1 &
   done
 done
 wait
@@ -54,7 +57,7 @@ for step in $STEPS; do
       for v in "${VARIANTS[@]}"; do
         IFS='|' read -r name hdims defs <<< "$v"
         [ -x $B/$name/sm90_harness ] || { echo "$name: no binary"; continue; }
-        OMP_NUM_THREADS=8 timeout 300 $B/$name/sm90_harness check > "$OUT/check_$name.log" 2>&1 &
+        BENCH_HDIMS=$hdims OMP_NUM_THREADS=8 timeout 300 $B/$name/sm90_harness check > "$OUT/check_$name.log" 2>&1 &
       done
       wait
       for v in "${VARIANTS[@]}"; do
@@ -85,9 +88,27 @@ for step in $STEPS; do
         timeout 60 compute-sanitizer --tool $tool $B/$SAN/sm90_harness check small > "$OUT/${tool}_$SAN.log" 2>&1
         echo "$tool $SAN: rc=$? $(tail -2 "$OUT/${tool}_$SAN.log" | tr '\n' ' ')"
       done ;;
-    ncu) timeout 120 ncu --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-           --section SchedulerStats --section MemoryWorkloadAnalysis $B/default/sm90_harness profile 128 0 16384 > "$OUT/ncu.log" 2>&1
-         grep -E "Throughput|Duration|Stall|Issued|Eligible|Hit Rate|Active Warps" "$OUT/ncu.log" | head -40 ;;
+    ncu) # NCU_SHAPES: "head_dim causal seqlen" triples, ';'-separated, of the default variant
+      IFS=';' read -ra shapes <<< "${NCU_SHAPES:-128 0 16384}"
+      for shape in "${shapes[@]}"; do
+        tag=$(echo $shape | tr ' ' _)
+        timeout 120 ncu --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+          --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
+          $B/default/sm90_harness profile $shape > "$OUT/ncu_$tag.log" 2>&1
+        echo "== ncu $shape"
+        grep -E "Throughput|Duration|Stall|Issued|Eligible|Hit Rate|Active Warps|Registers|Bandwidth" "$OUT/ncu_$tag.log" | head -40
+      done ;;
+    ncu-source) # per-SASS-instruction stall samples of the default variant, NCU_SHAPES as above
+      IFS=';' read -ra shapes <<< "${NCU_SHAPES:-128 0 512}"
+      for shape in "${shapes[@]}"; do
+        tag=$(echo $shape | tr ' ' _)
+        timeout 200 ncu --launch-skip 3 --launch-count 1 --section WarpStateStats --section SourceCounters \
+          --metrics 'regex:^smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active\.ratio$' \
+          -o "$B/src_$tag" -f $B/default/sm90_harness profile $shape > "$OUT/ncusrc_$tag.log" 2>&1
+        ncu -i "$B/src_$tag.ncu-rep" --page raw --csv 2>&1 | tr ',' '\n' > "$OUT/ncuraw_$tag.txt"
+        ncu -i "$B/src_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/ncusass_$tag.csv" 2>&1
+        echo "== ncu-source $shape: $(wc -l < "$OUT/ncusass_$tag.csv") lines"
+      done ;;
   esac
 done
 echo "total: $(( $(date +%s) - start )) s"

@@ -1,7 +1,8 @@
 // The Hopper (TMA + wgmma) forward against the fp64 reference with the anchor rule: the standard
 // awkward-shape list in fp16 and bf16 for head dims 64, 128 and 256, plus shapes long enough that
 // every CTA of the persistent grid runs several tiles through the k/v ring (causal, windowed,
-// softcapped, GQA, varlen with empty sequences). Skips without an sm_90 GPU.
+// softcapped, GQA, varlen with empty sequences) and causal ones long enough for the configurations
+// of many query rows (launch_template.cuh). Skips without an sm_90 GPU.
 #include <gtest/gtest.h>
 
 #include "support/harness.hpp"
@@ -38,6 +39,19 @@ std::vector<Case> sm90_forward_cases() {
       l.causal = true;
       out.push_back(l);
     }
+    // Causal with many query rows: head_dim 64 past 1k rows runs 3 consumer warpgroups (192-row
+    // tiles), and from 8k rows (4k at head_dim 128) the tiles go longest first over all heads.
+    Case c;
+    c.dtype = dt, c.head_dim = 64, c.batch = 2, c.seqlen_q = 1500, c.seqlen_k = 1700, c.num_heads = 4;
+    c.num_heads_kv = 2, c.causal = true;
+    out.push_back(c);
+    if (dt == FA_BFLOAT16) {
+      c.batch = 1, c.seqlen_q = c.seqlen_k = 8200, c.num_heads = c.num_heads_kv = 1;
+      out.push_back(c);
+      c.head_dim = 128, c.seqlen_q = 4200, c.seqlen_k = 4300, c.num_heads = 2;
+      out.push_back(c);
+    }
+  }
   }
   return out;
 }

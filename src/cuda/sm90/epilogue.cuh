@@ -1,6 +1,10 @@
-// Epilogue: O / row_sum to the output dtype and the lse, written straight from the accumulator
-// registers with the rows past the sequence's end predicated off (varlen tiles may overhang the
-// next sequence's rows in the packed tensor).
+// Epilogue: O / row_sum to the output dtype and the lse, rows past the sequence's end predicated
+// off (varlen tiles may overhang the next sequence's rows in the packed tensor). Two ways:
+//   store_tile:        4-byte stores straight from the accumulator registers (each warp store
+//                      touches 8 rows: the load/store unit, not the tensor cores, sets the pace
+//                      of short sequences);
+//   store_tile_staged: O through shared memory (the tile's own q buffer, whose rows the
+//                      warpgroup has finished reading), then 16-byte stores of whole rows.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,11 +16,27 @@
 
 namespace flashattn::cuda::sm90 {
 
+// The lse of the thread's two rows (one lane of four writes it).
+template <class T>
+__device__ __forceinline__ void store_lse(const float (&row_max)[2], const float (&row_sum)[2], const FwdParams& p,
+                                          const Tile& tile, int32_t row0) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  if (!p.lse || threadIdx.x % 4 != 0) return;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int32_t row = row0 + 8 * i;
+    if (row >= tile.seqlen_q) continue;
+    const float lse = row_sum[i] > 0.f ? (row_max[i] + log2f(row_sum[i])) * kLn2 : -INFINITY;
+    const int64_t index = p.cu_seqlens_q ? int64_t(tile.head) * p.total_q + tile.q_start + row
+                                         : (int64_t(tile.batch) * p.num_heads + tile.head) * p.seqlen_q + row;
+    p.lse[index] = lse;
+  }
+}
+
 template <class T>
 __device__ __forceinline__ void store_tile(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
                                            const float (&row_sum)[2], const FwdParams& p, const Tile& tile,
                                            int consumer_wg) {
-  constexpr float kLn2 = 0.6931471805599453f;
   const int thread = threadIdx.x % 128, lane = threadIdx.x % 32;
   const int32_t row0 = tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
   const int64_t batch_offset = p.cu_seqlens_q ? 0 : int64_t(tile.batch) * p.o_batch_stride;
@@ -31,13 +51,59 @@ __device__ __forceinline__ void store_tile(const float (&o)[T::kHeadDim / 2], co
                                                 int64_t(tile.head) * p.o_head_stride + 2 * (lane % 4));
 #pragma unroll
     for (int n = 0; n < T::kHeadDim / 8; ++n) out[4 * n] = pack2(o[4 * n + 2 * i] * inv, o[4 * n + 2 * i + 1] * inv, T::kBf16);
-    if (p.lse && lane % 4 == 0) {
-      const float lse = row_sum[i] > 0.f ? (row_max[i] + log2f(row_sum[i])) * kLn2 : -INFINITY;
-      const int64_t index = p.cu_seqlens_q ? int64_t(tile.head) * p.total_q + tile.q_start + row
-                                           : (int64_t(tile.batch) * p.num_heads + tile.head) * p.seqlen_q + row;
-      p.lse[index] = lse;
-    }
   }
+  store_lse<T>(row_max, row_sum, p, tile, row0);
+}
+
+// Barrier ids of the staged epilogue: one per consumer warpgroup (after the ping-pong ids).
+constexpr int kEpilogueBarrier = 3;
+
+// O of this warpgroup's 64 rows into `q_tile` (the tile's q buffer: panels of 64 columns by
+// block_m rows of 128 bytes, 16-byte chunks swizzled with the row as TMA writes them, so both
+// the stmatrix rows and the row reads below are free of bank conflicts), then rows of 16-byte
+// chunks to global memory, then one arrival on `q_empty`: the producer may refill the buffer.
+template <class T>
+__device__ __forceinline__ void store_tile_staged(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
+                                                  const float (&row_sum)[2], const FwdParams& p, const Tile& tile,
+                                                  int consumer_wg, uint8_t* q_tile, uint64_t* q_empty) {
+  constexpr int kChunks = T::kHeadDim / 8;  // 16-byte chunks of a row
+  const int thread = threadIdx.x % 128, lane = threadIdx.x % 32, warp = thread / 32;
+  const uint32_t base = smem_addr(q_tile) + consumer_wg * 64 * 128;
+  auto chunk_addr = [&](int r, int c) {  // row r of the warpgroup, chunk c
+    return base + (c / 8) * T::kQPanelBytes + r * 128 + (((c % 8) ^ (r % 8)) << 4);
+  };
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;  // no key seen: o = 0
+  // Matrices (row half i, chunk n) for n, n + 1: lane l addresses row l % 8 of matrix l / 8.
+  const int m = lane / 8;
+  const int r_lane = 16 * warp + lane % 8 + 8 * (m % 2);
+#pragma unroll
+  for (int n = 0; n < kChunks; n += 2) {
+    uint32_t r[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int nn = n + j / 2, i = j % 2;
+      r[j] = pack2(o[4 * nn + 2 * i] * inv[i], o[4 * nn + 2 * i + 1] * inv[i], T::kBf16);
+    }
+    stmatrix_x4(chunk_addr(r_lane, n + m / 2), r[0], r[1], r[2], r[3]);
+  }
+  named_barrier_sync(kEpilogueBarrier + consumer_wg, 128);
+
+  const int32_t row_wg = tile.m_block * T::kBlockM + 64 * consumer_wg;  // first row of the warpgroup
+  const int64_t batch_offset = p.cu_seqlens_q ? 0 : int64_t(tile.batch) * p.o_batch_stride;
+  uint16_t* out = static_cast<uint16_t*>(p.o) + batch_offset + (tile.q_start + row_wg) * p.o_row_stride +
+                  int64_t(tile.head) * p.o_head_stride;
+#pragma unroll
+  for (int it = 0; it < 64 * kChunks / 128; ++it) {
+    const int idx = it * 128 + thread, r = idx / kChunks, c = idx % kChunks;
+    const uint4 v = ld_shared_v4(chunk_addr(r, c));
+    if (row_wg + r < tile.seqlen_q) st_global_v4(out + r * p.o_row_stride + 8 * c, v);
+  }
+  fence_proxy_async_shared();  // the reads above before the TMA write that refills the buffer
+  named_barrier_sync(kEpilogueBarrier + consumer_wg, 128);
+  if (thread == 0) mbar_arrive(q_empty);
+  store_lse<T>(row_max, row_sum, p, tile, row_wg + 16 * warp + lane / 4);
 }
 
 }  // namespace flashattn::cuda::sm90

@@ -1,7 +1,7 @@
-// The Hopper forward kernel: one persistent CTA per SM, three warpgroups.
+// The Hopper forward kernel: one persistent CTA per SM, 1 + kConsumerWarpgroups warpgroups.
 //   warpgroup 0: producer (TMA), registers lowered to kProducerRegs; one thread issues the loads.
-//   warpgroups 1, 2: consumers (wgmma + softmax), 64 rows of the 128-row q tile each, registers
-//   raised to kConsumerRegs.
+//   warpgroups 1..: consumers (wgmma + softmax), 64 rows of the block_m-row q tile each,
+//   registers raised to kConsumerRegs.
 #pragma once
 
 #include <cuda.h>
@@ -55,8 +55,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       int32_t round = 0;
       Tile tile;
       while (next_tile(round, p, tile)) {
+        const int qs = q_pipe.index;
         consumer.run_tile(smem, p, tile, consumer_wg, pipe, q_pipe);
-        store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
+        if constexpr (T::kStagedEpilogue) {
+          store_tile_staged<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg, smem.q[qs],
+                               &smem.q_empty[qs]);
+        } else {
+          store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
+        }
       }
     }
     if (consumer_wg == 0) pingpong_wait<T>(consumer_wg);

@@ -57,6 +57,7 @@ Status launch(const fa_params& p) {
   fp.causal = p.causal;
   fp.window_left = p.window_left;
   fp.window_right = p.window_right;
+  fp.block_m = T::kBlockM;
   fp.num_m_blocks = int32_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
   const int64_t num_bh = int64_t(p.batch) * p.num_heads;
   const int64_t num_tiles = num_bh * fp.num_m_blocks;
@@ -84,11 +85,11 @@ Status launch(const fa_params& p) {
     fp.heads_per_section = int32_t(std::min<int64_t>(fp.heads_per_section, round_heads));
     fp.snake_order = 1;
   }
-  // Causal, head_dim >= 128, long sequences: tiles ordered longest first over all (batch, head)
-  // pairs (one L2 section) with the snake order balance the CTAs' work: measured +9-60% at
-  // seqlen 4k-16k (d256 causal 16k: 414 -> 655 TFLOP/s), but 20-25% slower at 512-2k, and no
-  // gain at head_dim 64 (docs/sm90.md, step 7).
-  if (p.causal && kHeadDim >= 128 && p.seqlen_q >= 4096) {
+  // Causal, long sequences: tiles ordered longest first over all (batch, head) pairs (one L2
+  // section) with the snake order balance the CTAs' work: measured +9-60% at head_dim >= 128 with
+  // seqlen 4k-16k (d256 causal 16k: 414 -> 655 TFLOP/s), but 20-25% slower at 512-2k; at head_dim
+  // 64 (3 consumer warpgroups) +5-8% at 8k-16k, 4% slower at 4k (docs/sm90.md, steps 7 and 9).
+  if (p.causal && p.seqlen_q >= (kHeadDim >= 128 ? 4096 : 8192)) {
     fp.heads_per_section = int32_t(num_bh);
     fp.snake_order = 1;
   }
@@ -109,9 +110,11 @@ Status launch(const fa_params& p) {
 // The tile configuration per problem, from the side-by-side timings of docs/sm90.md (H100, bf16
 // sweep): a larger block_n pays where a tile has many key blocks, a smaller one where the
 // per-tile prologue and epilogue weigh (short sequences) or, for causal, where tiles are short.
-//   head_dim 64:  early rescale (+2-5% from 2k keys, -1-3% at 512); block_n 192 from seqlen_k 2k
-//                 (non-causal) / 8k (causal), +1-4% over block_n 128 there, slower below; there
-//                 with overlapped tile boundaries (+1-6%; -2-13% with block_n 128, causal).
+//   head_dim 64:  3 consumer warpgroups (block_m 192) with block_n 128 and the rescale after the
+//                 wait: +8-15% non-causal at every seqlen, +3-10% causal at 2k-4k over 2 warpgroups
+//                 (either block_n); short causal (up to 1k rows: 192-row tiles waste more on the
+//                 diagonal, 5-10% slower) and single-tile problems keep 2 warpgroups with block_n
+//                 128 and the early rescale (docs/sm90.md, step 9).
 //   head_dim 128: block_n 128 + early rescale up to seqlen_k 8k (non-causal, +2-6%) / 2k (causal,
 //                 +3-8%); block_n 176 with the rescale after the wait above (-1-5% with 128 there).
 //                 Overlapped tile boundaries for causal up to 2k keys (+3-11%; -2-6% elsewhere).
@@ -123,14 +126,16 @@ Status run_fwd(const fa_params& p) {
   constexpr int kBlockN = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_BLOCK_N
                           : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_BLOCK_N
                                             : 64;
+  constexpr int kConsumers = kHeadDim == 64 ? FLASHATTN_SM90_HDIM64_CONSUMERS : 2;
   return launch<Traits<kHeadDim, kBf16, kBlockN, bool(FLASHATTN_SM90_RESCALE_EARLY),
-                       bool(FLASHATTN_SM90_TILE_OVERLAP)>>(p);
+                       bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers>>(p);
 #else
   if constexpr (kHeadDim == 64) {
-    const bool long_keys = p.seqlen_k >= (p.causal ? 8192 : 2048);
-    return long_keys ? launch<Traits<64, kBf16, 192, true, true>>(p) : launch<Traits<64, kBf16, 128, true>>(p);
+    if (p.seqlen_q <= 128 || (p.causal && p.seqlen_q <= 1024)) return launch<Traits<64, kBf16, 128, true>>(p);
+    return launch<Traits<64, kBf16, 128, false, false, 3>>(p);
   } else if constexpr (kHeadDim == 128) {
-    if (p.causal && p.seqlen_k <= 2048) return launch<Traits<128, kBf16, 128, true, true>>(p);
+    if (FLASHATTN_SM90_CAUSAL_STREAM && p.causal && p.seqlen_k <= 2048)
+      return launch<Traits<128, kBf16, 128, true, true>>(p);
     const bool short_keys = !p.causal && p.seqlen_k <= 8192;
     return short_keys ? launch<Traits<128, kBf16, 128, true>>(p) : launch<Traits<128, kBf16, 176, false>>(p);
   } else {

@@ -341,8 +341,10 @@ struct Consumer {
     const int qs = q_pipe.index;
     mbar_wait(&smem.q_full[qs], q_pipe.phase);
     q_pipe.advance();
+    // q_empty: after the last S, or (staged epilogue) once O has passed through the buffer.
+    const bool release_q = signals && !T::kStagedEpilogue;
     if (n_end <= n_begin) {  // no visible key in the whole tile
-      if (signals) mbar_arrive(&smem.q_empty[qs]);
+      if (release_q) mbar_arrive(&smem.q_empty[qs]);
       return;
     }
     const uint8_t* q_rows = smem.q[qs] + consumer_wg * 64 * 128;
@@ -359,10 +361,8 @@ struct Consumer {
     pingpong_pass<T>(consumer_wg);
     wgmma_wait<0>();
     fence_registers(s);
-    if (signals) {
-      mbar_arrive(&smem.k_empty[pipe.index]);
-      if (n == n_begin) mbar_arrive(&smem.q_empty[qs]);
-    }
+    if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
+    if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
     mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
     online_softmax(s, p.score_scale_log2, corr);
     to_a_operand(s, pa);
@@ -382,10 +382,8 @@ struct Consumer {
       pingpong_pass<T>(consumer_wg);
       wgmma_wait<1>();  // S is done; O += P v may still run
       fence_registers(s);
-      if (signals) {
-        mbar_arrive(&smem.k_empty[pipe.index]);
-        if (n == n_begin) mbar_arrive(&smem.q_empty[qs]);
-      }
+      if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
+      if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
       mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
       online_softmax(s, p.score_scale_log2, corr);
       wait_pv_after_softmax(smem, s, corr, pa, pipe, prev_stage, signals);

@@ -10,13 +10,27 @@
 #define FLASHATTN_SM90_PINGPONG 0
 #endif
 
+// Dev switch: the staged epilogue (Traits::kStagedEpilogue) where it applies; 0 stores O
+// straight from registers everywhere.
+#ifndef FLASHATTN_SM90_STAGED_EPILOGUE
+#define FLASHATTN_SM90_STAGED_EPILOGUE 1
+#endif
+// Dev switch: causal head_dim 128 up to 2k keys tile by tile instead of the stream.
+#ifndef FLASHATTN_SM90_CAUSAL_STREAM
+#define FLASHATTN_SM90_CAUSAL_STREAM 1
+#endif
+
 // Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
 // choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
 // (128 or 192) and 128 (128 or 176), where the O rescale runs (Traits::kRescaleEarly), and the
 // overlapped tile boundaries (Traits::kTileOverlap). dev/sm90/run.sh builds its variants with them.
 #if defined(FLASHATTN_SM90_HDIM64_BLOCK_N) || defined(FLASHATTN_SM90_HDIM128_BLOCK_N) || \
-    defined(FLASHATTN_SM90_RESCALE_EARLY) || defined(FLASHATTN_SM90_TILE_OVERLAP)
+    defined(FLASHATTN_SM90_RESCALE_EARLY) || defined(FLASHATTN_SM90_TILE_OVERLAP) ||       \
+    defined(FLASHATTN_SM90_HDIM64_CONSUMERS)
 #define FLASHATTN_SM90_DEV_CONFIG 1
+#ifndef FLASHATTN_SM90_HDIM64_CONSUMERS
+#define FLASHATTN_SM90_HDIM64_CONSUMERS 2
+#endif
 #ifndef FLASHATTN_SM90_HDIM64_BLOCK_N
 #define FLASHATTN_SM90_HDIM64_BLOCK_N 128
 #endif
@@ -51,39 +65,43 @@ struct FwdParams {
   float softcap;
   int32_t has_softcap;
   int32_t causal, window_left, window_right;
+  int32_t block_m;       // rows of q per tile: 64 per consumer warpgroup
   int32_t num_m_blocks;  // ceil(seqlen_q / block_m)
   int32_t num_tiles;     // num_m_blocks * batch * num_heads
   int32_t heads_per_section;  // (batch, head) pairs whose k, v share L2 (the scheduler's swizzle)
   int32_t snake_order;        // rounds of tiles alternate direction (scheduler.cuh)
 };
 
-// Tile configuration: block_m = 128 rows of q (two consumer warpgroups of 64 rows), block_n keys
-// per step, stages of the k/v ring. Shared memory: q stages * q + stages * (k + v). The
-// configurations in use (launch_template.cuh picks one per problem):
-//   head_dim 64:  block_n 128, 3 stages (112 KB), early rescale; block_n 192 with overlapped tile
-//                 boundaries and 2 q buffers (176 KB).
-//   head_dim 128: block_n 176, 2 stages (208 KB); block_n 128 with the early rescale (160 KB), and
-//                 that with overlapped tile boundaries and 2 q buffers (192 KB).
-//   head_dim 256: block_n 64, 2 stages (192 KB); O alone is 128 registers a thread.
+// Tile configuration: block_m = 64 rows of q per consumer warpgroup, block_n keys per step,
+// stages of the k/v ring, two q buffers where they fit. Shared memory: q stages * q + stages *
+// (k + v). The configurations in use (launch_template.cuh picks one per problem):
+//   head_dim 64:  3 consumer warpgroups (block_m 192), block_n 128, 3 stages, 2 q (144 KB); short
+//                 causal: 2 consumer warpgroups, early rescale (128 KB).
+//   head_dim 128: block_n 176, 2 stages, 1 q (208 KB); block_n 128 with the early rescale, 2 q
+//                 (192 KB), and that with overlapped tile boundaries.
+//   head_dim 256: block_n 64, 2 stages, 1 q (192 KB); O alone is 128 registers a thread.
 // kRescaleEarly: the O rescale runs between the issue of S = q k^T and that of O += P v, while the
 // tensor cores compute S; otherwise after the wait for O += P v (mainloop.cuh).
 // kTileOverlap: the consumer runs its tiles as one stream of key blocks (Consumer::run): the next
 // tile's first S is issued with the last O += P v of the tile before, whose epilogue runs while
-// the S after it computes; otherwise tile by tile (Consumer::run_tile, then the epilogue). With
-// it, q gets two buffers where they fit (the next tile's q loads while this one runs).
-template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_, bool kTileOverlap_ = false>
+// the S after it computes; otherwise tile by tile (Consumer::run_tile, then the epilogue).
+// kConsumers: consumer warpgroups (3: more warps to hide the softmax behind, at 160 registers
+// each instead of 240; ping-pong needs 2).
+template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_, bool kTileOverlap_ = false,
+          int kConsumers_ = 2>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kBf16 = kBf16_;
-  static constexpr int kBlockM = 128;
+  static constexpr int kConsumerWarpgroups = kConsumers_;
+  static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = kBlockN_;
   static constexpr bool kRescaleEarly = kRescaleEarly_;
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
-  static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  static constexpr bool kPingPong = FLASHATTN_SM90_PINGPONG;
+  static constexpr bool kPingPong = FLASHATTN_SM90_PINGPONG && kConsumerWarpgroups == 2;
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;  // 24 * 128 + 240 * 256 <= 64K registers
+  // 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 <= 64K registers
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
 
   // 128-byte swizzled tiles are stored as panels of 64 columns (128 bytes) by rows.
   static constexpr int kPanels = kHeadDim / 64;
@@ -94,7 +112,14 @@ struct Traits {
   // Shared memory per CTA is 227 KB; 1 KB goes to the alignment slack, a little to the barriers.
   static constexpr int kSmemLimit = 227 * 1024 - 1024 - 256;
   static constexpr bool kTileOverlap = kTileOverlap_;
-  static constexpr int kQStages = kTileOverlap && 2 * kQBytes + 2 * kStages * kKVBytes <= kSmemLimit ? 2 : 1;
+  // Two q buffers where they fit: the next tile's q loads while this one runs.
+  static constexpr int kQStages = 2 * kQBytes + 2 * kStages * kKVBytes <= kSmemLimit ? 2 : 1;
+  // The epilogue stages O in the tile's q buffer (epilogue.cuh) when the other q buffer lets the
+  // next tile start meanwhile; tile by tile only (the stream stores while the next tile runs),
+  // and with 2 consumer warpgroups (measured +4-10% at head_dim 128 with 512-2k keys, 3-5%
+  // slower with 3 at head_dim 64).
+  static constexpr bool kStagedEpilogue =
+      FLASHATTN_SM90_STAGED_EPILOGUE && kQStages == 2 && !kTileOverlap && kConsumerWarpgroups == 2;
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");

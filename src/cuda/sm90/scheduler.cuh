@@ -56,7 +56,7 @@ __device__ __forceinline__ Tile decode_tile(int32_t t, const FwdParams& p) {
     tile.seqlen_q = p.seqlen_q;
     tile.seqlen_k = p.seqlen_k;
   }
-  tile.valid = int64_t(tile.m_block) * 128 < tile.seqlen_q;
+  tile.valid = int64_t(tile.m_block) * p.block_m < tile.seqlen_q;
   return tile;
 }
 
