@@ -52,7 +52,6 @@ std::vector<Case> sm90_forward_cases() {
       out.push_back(c);
     }
   }
-  }
   return out;
 }
 
