@@ -49,4 +49,6 @@ if has bench; then
   run_stage bench python3 bench/gpu_bench.py --lib build/libflashattn.so --out "$OUT/h100.json" $quick || true
   python3 bench/report.py "$OUT/h100.json" --md "$OUT/h100.md" >/dev/null 2>&1 && cat "$OUT/h100.md" | tee -a "$summary"
 fi
-echo "== summary"; cat "$summary"
+echo "== summary"; grep -v '^|' "$summary"
+# The device tool brings back a few files only: the logs in one archive, results and summary beside.
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz *.log && rm -f *.log)
