@@ -17,8 +17,9 @@ mkdir -p "$OUT"
 STEPS=${*:-check bench cudnn sass sanitize}
 B=build-sm90-dev
 VARIANTS=(
-  "before|64,128||dev/sm90/before"
-  "default|64,128|"
+  "default|128|"
+  "bn128|128|-DFLASHATTN_SM90_HDIM128_BLOCK_N=128 -DFLASHATTN_SM90_RESCALE_EARLY=1"
+  "bn176|128|-DFLASHATTN_SM90_HDIM128_BLOCK_N=176 -DFLASHATTN_SM90_RESCALE_EARLY=0"
 )
 SAN=${SAN:-$(echo "${VARIANTS[-1]}" | cut -d'|' -f1)}
 FLAGS="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -diag-suppress 20012

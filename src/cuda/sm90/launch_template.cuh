@@ -115,9 +115,11 @@ Status launch(const fa_params& p) {
 //                 (either block_n); short causal (up to 1k rows: 192-row tiles waste more on the
 //                 diagonal, 5-10% slower) and single-tile problems keep 2 warpgroups with block_n
 //                 128 and the early rescale (docs/sm90.md, step 9).
-//   head_dim 128: block_n 128 + early rescale up to seqlen_k 8k (non-causal, +2-6%) / 2k (causal,
-//                 +3-8%); block_n 176 with the rescale after the wait above (-1-5% with 128 there).
-//                 Overlapped tile boundaries for causal up to 2k keys (+3-11%; -2-6% elsewhere).
+//   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue) up to seqlen_k 8k
+//                 (non-causal, +2-6%) / 4k (causal: +4-7% over the overlapped tile boundaries up to
+//                 2k, +5% over block_n 176 at 4k); block_n 176 with the rescale after the wait
+//                 above (-2-4% with 128 there). The overlapped tile boundaries (kTileOverlap) are a
+//                 dev switch now (docs/sm90.md, steps 8 and 9).
 //   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
 //                 overlapped tile boundaries 3-8% slower from 1k keys).
 template <int kHeadDim, bool kBf16>
@@ -134,9 +136,7 @@ Status run_fwd(const fa_params& p) {
     if (p.seqlen_q <= 128 || (p.causal && p.seqlen_q <= 1024)) return launch<Traits<64, kBf16, 128, true>>(p);
     return launch<Traits<64, kBf16, 128, false, false, 3>>(p);
   } else if constexpr (kHeadDim == 128) {
-    if (FLASHATTN_SM90_CAUSAL_STREAM && p.causal && p.seqlen_k <= 2048)
-      return launch<Traits<128, kBf16, 128, true, true>>(p);
-    const bool short_keys = !p.causal && p.seqlen_k <= 8192;
+    const bool short_keys = p.seqlen_k <= (p.causal ? 4096 : 8192);
     return short_keys ? launch<Traits<128, kBf16, 128, true>>(p) : launch<Traits<128, kBf16, 176, false>>(p);
   } else {
     return launch<Traits<kHeadDim, kBf16, 64, false>>(p);

@@ -15,10 +15,6 @@
 #ifndef FLASHATTN_SM90_STAGED_EPILOGUE
 #define FLASHATTN_SM90_STAGED_EPILOGUE 1
 #endif
-// Dev switch: causal head_dim 128 up to 2k keys tile by tile instead of the stream.
-#ifndef FLASHATTN_SM90_CAUSAL_STREAM
-#define FLASHATTN_SM90_CAUSAL_STREAM 1
-#endif
 
 // Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
 // choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
@@ -78,13 +74,15 @@ struct FwdParams {
 //   head_dim 64:  3 consumer warpgroups (block_m 192), block_n 128, 3 stages, 2 q (144 KB); short
 //                 causal: 2 consumer warpgroups, early rescale (128 KB).
 //   head_dim 128: block_n 176, 2 stages, 1 q (208 KB); block_n 128 with the early rescale, 2 q
-//                 (192 KB), and that with overlapped tile boundaries.
+//                 (192 KB).
 //   head_dim 256: block_n 64, 2 stages, 1 q (192 KB); O alone is 128 registers a thread.
 // kRescaleEarly: the O rescale runs between the issue of S = q k^T and that of O += P v, while the
 // tensor cores compute S; otherwise after the wait for O += P v (mainloop.cuh).
 // kTileOverlap: the consumer runs its tiles as one stream of key blocks (Consumer::run): the next
 // tile's first S is issued with the last O += P v of the tile before, whose epilogue runs while
-// the S after it computes; otherwise tile by tile (Consumer::run_tile, then the epilogue).
+// the S after it computes; otherwise tile by tile (Consumer::run_tile, then the epilogue). Not
+// dispatched since step 9 (measured slower than tile by tile with the staged epilogue); a dev
+// switch (FLASHATTN_SM90_TILE_OVERLAP).
 // kConsumers: consumer warpgroups (3: more warps to hide the softmax behind, at 160 registers
 // each instead of 240; ping-pong needs 2).
 template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_, bool kTileOverlap_ = false,
