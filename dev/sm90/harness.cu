@@ -7,6 +7,8 @@
 //        dev/sm90/harness.cu src/cuda/sm90/*.cu -o sm90_harness -Xcompiler -fopenmp
 // Run:  sm90_harness check [small] | sm90_harness bench [variant-name]
 //       sm90_harness profile <head_dim> <causal> <seqlen>   (one shape of the sweep, for ncu)
+//       sm90_harness trace <head_dim> <causal> <seqlen>     (a -DFLASHATTN_SM90_TRACE=1 build: the
+//                                                            clocks of the pipeline's events per tile)
 //
 // The check follows the project's rule: the error against fp64 must be within 2x the error of a
 // plain same-precision implementation (fp32 scores and softmax, P and O rounded to the dtype)
@@ -315,6 +317,62 @@ static std::vector<Case> check_cases(bool small) {
   return cases;
 }
 
+// The trace of one call (builds with -DFLASHATTN_SM90_TRACE=1; launch_template.cuh reads it).
+long long* flashattn_sm90_trace = nullptr;
+
+// Per tile of CTAs 0-7: clock64 of the consumer events 8 tile decoded, 0 run_tile set up, 1 q
+// ready, 2 first k ready, 3 first S done, 4 first softmax done, 5 key-block loop done, 6 last
+// O += P v done, (staged epilogue: 9 O in shared memory, 10 stores issued, 11 fence, 12 barrier)
+// 7 stored; producer: 0 tile start, 1 first k issued, 2 next q issued early, 3 last v issued.
+static void print_trace(const std::vector<long long>& t, int key_blocks) {
+  auto at = [&](int cta, int slot, int tile, int e) { return t[((size_t(cta) * 4 + slot) * 64 + tile) * 16 + e]; };
+  // The consumer's events in time order and the name of the span that ends at each.
+  const int order[] = {8, 0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 7};
+  const char* names[] = {"decode", "set up", "q wait", "k wait", "first S", "softmax", "loop", "last PV",
+                         "epi smem", "epi store", "epi fence", "epi bar", "epi rest"};
+  const int kSpans = 13;
+  double sum[kSpans] = {}, prod[4] = {};
+  int count = 0, pcount = 0;
+  for (int cta = 0; cta < 8; ++cta)
+    for (int slot = 0; slot < 2; ++slot)
+      for (int tile = 1; tile + 1 < 64; ++tile) {
+        if (!at(cta, slot, tile + 1, 8) || !at(cta, slot, tile, 7)) break;
+        long long prev = at(cta, slot, tile - 1, 7);
+        for (int i = 0; i < kSpans; ++i) {
+          const long long now = at(cta, slot, tile, order[i]);
+          if (!now) continue;  // an event this build does not record
+          sum[i] += double(now - prev);
+          prev = now;
+        }
+        ++count;
+        if (slot == 0 && at(cta, 3, tile, 0)) {
+          for (int e = 0; e < 4; ++e)
+            if (at(cta, 3, tile, e)) prod[e] += double(at(cta, 3, tile, e) - at(cta, 0, tile, 0));
+          ++pcount;
+        }
+      }
+  std::printf("trace: %d tiles, %d key blocks a tile; mean clocks per tile:\n", count, key_blocks);
+  double total = 0;
+  for (int i = 0; i < kSpans; ++i) total += sum[i];
+  for (int i = 0; i < kSpans; ++i) std::printf("  %-9s %8.0f  %5.1f%%\n", names[i], sum[i] / count, 100 * sum[i] / total);
+  std::printf("  total     %8.0f, loop per block %.0f\n", total / count, sum[6] / count / std::max(1, key_blocks - 1));
+  std::printf("producer, from consumer 0's set-up: tile start %.0f, first k %.0f, next q %.0f, last v %.0f\n",
+              prod[0] / pcount, prod[1] / pcount, prod[2] / pcount, prod[3] / pcount);
+  std::printf("CTA 0, tiles 0-3 (events in time order from wg0's set-up | wg1 | producer):\n");
+  for (int tile = 0; tile < 4; ++tile) {
+    const long long t0 = at(0, 0, tile, 0);
+    for (int slot : {0, 1, 3}) {
+      std::printf("  t%d s%d:", tile, slot);
+      for (int i = 0; i < (slot == 3 ? 4 : kSpans); ++i) {
+        const int e = slot == 3 ? i : order[i];
+        std::printf(" %7lld", at(0, slot, tile, e) ? at(0, slot, tile, e) - t0 : -1);
+      }
+      std::printf("\n");
+    }
+  }
+}
+static bool g_trace = false;
+
 // BENCH_HDIMS / BENCH_SEQLENS (comma lists, e.g. "64" / "512,2048,16384") narrow the sweep;
 // BENCH_HDIMS the checks too (a variant built for some head dims only).
 static bool listed(const char* env, int x) {
@@ -381,7 +439,7 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
           CHECK_CUDA(cudaEventSynchronize(e1));
           float t1;
           cudaEventElapsedTime(&t1, e0, e1);
-          const int warm = only_d ? 3 : std::max(3, int(200.f / std::max(t1, 1e-3f)));
+          const int warm = only_d && !g_trace ? 3 : std::max(3, int(200.f / std::max(t1, 1e-3f)));
           for (int w = 0; w < warm; ++w) flashattn::cuda::sm90_forward(p);
         }
         std::vector<float> ms;
@@ -401,6 +459,19 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
           float t;
           cudaEventElapsedTime(&t, e0, e1);
           ms.push_back(t / calls);
+        }
+        if (g_trace) {
+          const size_t words = size_t(8) * 4 * 64 * 16;
+          CHECK_CUDA(cudaMalloc(&flashattn_sm90_trace, words * 8));
+          CHECK_CUDA(cudaMemset(flashattn_sm90_trace, 0, words * 8));
+          flashattn::cuda::sm90_forward(p);
+          CHECK_CUDA(cudaDeviceSynchronize());
+          std::vector<long long> t(words);
+          CHECK_CUDA(cudaMemcpy(t.data(), flashattn_sm90_trace, words * 8, cudaMemcpyDeviceToHost));
+          cudaFree(flashattn_sm90_trace);
+          flashattn_sm90_trace = nullptr;
+          const int bn = std::getenv("TRACE_BLOCK_N") ? std::atoi(std::getenv("TRACE_BLOCK_N")) : 128;
+          print_trace(t, (seqlen + bn - 1) / bn);
         }
         std::sort(ms.begin(), ms.end());
         const double med = ms[ms.size() / 2];
@@ -424,6 +495,11 @@ int main(int argc, char** argv) {
     bench(argc > 2 ? argv[2] : "sm90");
     return 0;
   }
+  if (mode == "trace" && argc > 4) {  // trace <head_dim> <causal> <seqlen> (a FLASHATTN_SM90_TRACE build)
+    g_trace = true;
+    bench("trace", std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
+    return 0;
+  }
   if (mode == "profile" && argc > 4) {  // profile <head_dim> <causal> <seqlen>
     bench("profile", std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
     return 0;
@@ -431,10 +507,16 @@ int main(int argc, char** argv) {
   const bool small = argc > 2 && std::string(argv[2]) == "small";
   std::mt19937 rng(1234);
   int failed = 0, total = 0;
+  // CHECK_MATCH: only the cases whose description contains it, each CHECK_REPEAT times (a hang hunt).
+  const char* match = std::getenv("CHECK_MATCH");
+  const int repeat = std::getenv("CHECK_REPEAT") ? std::max(1, std::atoi(std::getenv("CHECK_REPEAT"))) : 1;
   for (const Case& c : check_cases(small)) {
     if (!listed("BENCH_HDIMS", c.head_dim)) continue;
-    ++total;
-    if (!run_case(c, rng)) ++failed;
+    if (match && *match && describe(c).find(match) == std::string::npos) continue;
+    for (int r = 0; r < repeat; ++r) {
+      ++total;
+      if (!run_case(c, rng)) ++failed;
+    }
   }
   // Strides TMA cannot take fall back to sm80: sm90_supports must say no.
   {

@@ -4,22 +4,23 @@
 # reference (123 cases + 2 dispatch checks), time them side by side on the standard sweep (two rounds, the second in
 # reverse order), time cuDNN (torch SDPA) in the same run, run compute-sanitizer on small shapes.
 # Logs go to $OUT. Usage (repository root):
-#   dev/sm90/run.sh [check] [bench] [cudnn] [sass] [sanitize] [ncu]
+#   dev/sm90/run.sh [check] [bench] [cudnn] [sass] [sanitize] [ncu] [ncu-source] [trace]
 # VARIANTS below: name|head dims timed|defines (dev switches of params.cuh)|source root (of
 # cuda/sm90/*, default src). "default" is the library's build; "before" the sources of the commit
 # before step 8 (docs/sm90.md), copied to dev/sm90/before/cuda/sm90 (not committed) with
 #   for f in $(git ls-tree --name-only <commit> src/cuda/sm90/); do
 #     git show <commit>:$f > dev/sm90/before/cuda/sm90/$(basename $f); done
-# SAN names the variant that compute-sanitizer runs (default: the last of VARIANTS).
+# SAN names the variant that compute-sanitizer runs (default: the last of VARIANTS); NO_CHECK
+# (space-separated names) the variants the check step skips.
 set -u
 OUT=${OUT:-/tmp/sm90-out}
 mkdir -p "$OUT"
 STEPS=${*:-check bench cudnn sass sanitize}
 B=build-sm90-dev
 VARIANTS=(
-  "default|128|"
-  "bn128|128|-DFLASHATTN_SM90_HDIM128_BLOCK_N=128 -DFLASHATTN_SM90_RESCALE_EARLY=1"
-  "bn176|128|-DFLASHATTN_SM90_HDIM128_BLOCK_N=176 -DFLASHATTN_SM90_RESCALE_EARLY=0"
+  "before|256||dev/sm90/before"
+  "default|128,256|"
+  "qregs|128,256|-DFLASHATTN_SM90_Q_REGS=1"
 )
 SAN=${SAN:-$(echo "${VARIANTS[-1]}" | cut -d'|' -f1)}
 FLAGS="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -diag-suppress 20012
@@ -58,6 +59,7 @@ for step in $STEPS; do
       for v in "${VARIANTS[@]}"; do
         IFS='|' read -r name hdims defs <<< "$v"
         [ -x $B/$name/sm90_harness ] || { echo "$name: no binary"; continue; }
+        [[ " ${NO_CHECK:-} " == *" $name "* ]] && continue
         BENCH_HDIMS=$hdims OMP_NUM_THREADS=8 timeout 300 $B/$name/sm90_harness check > "$OUT/check_$name.log" 2>&1 &
       done
       wait
@@ -88,6 +90,24 @@ for step in $STEPS; do
       for tool in memcheck racecheck synccheck; do
         timeout 60 compute-sanitizer --tool $tool $B/$SAN/sm90_harness check small > "$OUT/${tool}_$SAN.log" 2>&1
         echo "$tool $SAN: rc=$? $(tail -2 "$OUT/${tool}_$SAN.log" | tr '\n' ' ')"
+      done ;;
+    trace) # TRACE_SHAPES: "head_dim causal seqlen" triples, ';'-separated, of the variants named trace*
+      IFS=';' read -ra shapes <<< "${TRACE_SHAPES:-128 0 512;128 0 2048;128 0 16384}"
+      for v in "${VARIANTS[@]}"; do
+        IFS='|' read -r name hdims defs <<< "$v"
+        [[ $name == trace* ]] || continue
+        for shape in "${shapes[@]}"; do
+          tag=$(echo $shape | tr ' ' _)
+          bn=$(echo "$defs" | grep -o 'BLOCK_N=[0-9]*' | head -1 | cut -d= -f2)
+          TRACE_BLOCK_N=${bn:-128} timeout 60 $B/$name/sm90_harness trace $shape > "$OUT/trace_${name}_$tag.log" 2>&1
+          echo "== trace $name $shape"; grep -v "^variant\|^$" "$OUT/trace_${name}_$tag.log"
+        done
+      done ;;
+    repro) # REPRO_MATCH (a check case's description, or part of it) run 30 times by each variant
+      for v in "${VARIANTS[@]}"; do
+        IFS='|' read -r name hdims defs <<< "$v"
+        CHECK_MATCH="$REPRO_MATCH" CHECK_REPEAT=30 timeout 120 $B/$name/sm90_harness check > "$OUT/repro_$name.log" 2>&1
+        echo "repro $name: rc=$? $(grep -c PASS "$OUT/repro_$name.log") passed, $(grep -c FAIL "$OUT/repro_$name.log") failed"
       done ;;
     ncu) # NCU_SHAPES: "head_dim causal seqlen" triples, ';'-separated, of the default variant
       IFS=';' read -ra shapes <<< "${NCU_SHAPES:-128 0 16384}"

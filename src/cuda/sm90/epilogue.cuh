@@ -60,12 +60,18 @@ constexpr int kEpilogueBarrier = 3;
 
 // O of this warpgroup's 64 rows into `q_tile` (the tile's q buffer: panels of 64 columns by
 // block_m rows of 128 bytes, 16-byte chunks swizzled with the row as TMA writes them, so both
-// the stmatrix rows and the row reads below are free of bank conflicts), then rows of 16-byte
-// chunks to global memory, then one arrival on `q_empty`: the producer may refill the buffer.
+// the stmatrix rows and the row reads below are free of bank conflicts), then to global memory:
+//   fixed-length batches: one TMA store per panel (rows past seqlen_q are outside the tensor map
+//     and not written), issued by the warpgroup's first thread; returns true: the buffer is still
+//     being read, and that thread releases it (release_staged_q) once the store has read it;
+//   varlen (a tile may overhang the next sequence's rows): rows of 16-byte chunks, rows past the
+//     sequence predicated off, then one arrival on `q_empty`; returns false.
 template <class T>
-__device__ __forceinline__ void store_tile_staged(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
-                                                  const float (&row_sum)[2], const FwdParams& p, const Tile& tile,
-                                                  int consumer_wg, uint8_t* q_tile, uint64_t* q_empty) {
+__device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
+                                                  const float (&row_sum)[2], const FwdParams& p,
+                                                  const CUtensorMap* map_o, const Tile& tile, int consumer_wg,
+                                                  uint8_t* q_tile, uint64_t* q_empty,
+                                                  [[maybe_unused]] int trace_count = 0) {
   constexpr int kChunks = T::kHeadDim / 8;  // 16-byte chunks of a row
   const int thread = threadIdx.x % 128, lane = threadIdx.x % 32, warp = thread / 32;
   const uint32_t base = smem_addr(q_tile) + consumer_wg * 64 * 128;
@@ -88,22 +94,47 @@ __device__ __forceinline__ void store_tile_staged(const float (&o)[T::kHeadDim /
     }
     stmatrix_x4(chunk_addr(r_lane, n + m / 2), r[0], r[1], r[2], r[3]);
   }
-  named_barrier_sync(kEpilogueBarrier + consumer_wg, 128);
-
   const int32_t row_wg = tile.m_block * T::kBlockM + 64 * consumer_wg;  // first row of the warpgroup
-  const int64_t batch_offset = p.cu_seqlens_q ? 0 : int64_t(tile.batch) * p.o_batch_stride;
-  uint16_t* out = static_cast<uint16_t*>(p.o) + batch_offset + (tile.q_start + row_wg) * p.o_row_stride +
-                  int64_t(tile.head) * p.o_head_stride;
-#pragma unroll
-  for (int it = 0; it < 64 * kChunks / 128; ++it) {
-    const int idx = it * 128 + thread, r = idx / kChunks, c = idx % kChunks;
-    const uint4 v = ld_shared_v4(chunk_addr(r, c));
-    if (row_wg + r < tile.seqlen_q) st_global_v4(out + r * p.o_row_stride + 8 * c, v);
-  }
-  fence_proxy_async_shared();  // the reads above before the TMA write that refills the buffer
+  const bool tma = FLASHATTN_SM90_TMA_STORE && !p.cu_seqlens_q;
+  if (tma) fence_proxy_async_shared();  // the stmatrix writes before the TMA unit reads them
   named_barrier_sync(kEpilogueBarrier + consumer_wg, 128);
-  if (thread == 0) mbar_arrive(q_empty);
+  SM90_TRACE(p, consumer_wg, trace_count, 9);
+
+  if (tma) {
+    if (thread == 0) {
+#pragma unroll
+      for (int c = 0; c < T::kPanels; ++c)
+        tma_store_4d(map_o, q_tile + c * T::kQPanelBytes + consumer_wg * 64 * 128, 64 * c, row_wg, tile.head,
+                     tile.batch);
+      bulk_commit_group();
+    }
+  } else {
+    const int64_t batch_offset = p.cu_seqlens_q ? 0 : int64_t(tile.batch) * p.o_batch_stride;
+    uint16_t* out = static_cast<uint16_t*>(p.o) + batch_offset + (tile.q_start + row_wg) * p.o_row_stride +
+                    int64_t(tile.head) * p.o_head_stride;
+#pragma unroll
+    for (int it = 0; it < 64 * kChunks / 128; ++it) {
+      const int idx = it * 128 + thread, r = idx / kChunks, c = idx % kChunks;
+      const uint4 v = ld_shared_v4(chunk_addr(r, c));
+      if (row_wg + r < tile.seqlen_q) st_global_v4(out + r * p.o_row_stride + 8 * c, v);
+    }
+    SM90_TRACE(p, consumer_wg, trace_count, 10);
+    fence_proxy_async_shared();  // the reads above before the TMA write that refills the buffer
+    named_barrier_sync(kEpilogueBarrier + consumer_wg, 128);
+    SM90_TRACE(p, consumer_wg, trace_count, 12);
+    if (thread == 0) mbar_arrive(q_empty);
+  }
   store_lse<T>(row_max, row_sum, p, tile, row_wg + 16 * warp + lane / 4);
+  return tma;
+}
+
+// After store_tile_staged returned true: once the warpgroup's TMA stores have read the q buffer,
+// the producer may refill it (the warpgroup's first thread, which issued them).
+__device__ __forceinline__ void release_staged_q(uint64_t* q_empty) {
+  if (threadIdx.x % 128 == 0) {
+    bulk_wait_group_0<true>();
+    mbar_arrive(q_empty);
+  }
 }
 
 }  // namespace flashattn::cuda::sm90

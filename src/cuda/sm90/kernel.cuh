@@ -13,7 +13,8 @@ namespace flashattn::cuda::sm90 {
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-               const __grid_constant__ CUtensorMap map_v, const __grid_constant__ FwdParams p) {
+               const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_o,
+               const __grid_constant__ FwdParams p) {
   extern __shared__ uint8_t smem_raw[];
   // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte aligned tiles.
   auto& smem = *reinterpret_cast<SharedStorage<T>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -34,6 +35,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     tma_prefetch_descriptor(&map_q);
     tma_prefetch_descriptor(&map_k);
     tma_prefetch_descriptor(&map_v);
+    if (T::kStagedEpilogue) tma_prefetch_descriptor(&map_o);
   }
   __syncthreads();
 
@@ -54,16 +56,24 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       PipelineState<T::kQStages> q_pipe;
       int32_t round = 0;
       Tile tile;
+      int deferred_q_release = -1;  // q buffer a TMA store of O may still be reading
       while (next_tile(round, p, tile)) {
         const int qs = q_pipe.index;
-        consumer.run_tile(smem, p, tile, consumer_wg, pipe, q_pipe);
+        SM90_TRACE(p, consumer_wg, consumer.trace_count, 8);
+        consumer.run_tile(smem, p, tile, consumer_wg, pipe, q_pipe, deferred_q_release);
+        deferred_q_release = -1;
         if constexpr (T::kStagedEpilogue) {
-          store_tile_staged<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg, smem.q[qs],
-                               &smem.q_empty[qs]);
+          if (store_tile_staged<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg,
+                                   smem.q[qs], &smem.q_empty[qs], consumer.trace_count))
+            deferred_q_release = qs;
         } else {
           store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
         }
+        SM90_TRACE(p, consumer_wg, consumer.trace_count, 7);
+        ++consumer.trace_count;
       }
+      if (deferred_q_release >= 0) release_staged_q(&smem.q_empty[deferred_q_release]);
+      if (T::kStagedEpilogue && threadIdx.x % 128 == 0) bulk_wait_group_0<false>();  // O written before exit
     }
     if (consumer_wg == 0) pingpong_wait<T>(consumer_wg);
   }

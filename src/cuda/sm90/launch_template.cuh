@@ -10,6 +10,10 @@
 #include "cuda/sm90/kernel.cuh"
 #include "cuda/sm90/launch.hpp"
 
+#if FLASHATTN_SM90_TRACE
+extern long long* flashattn_sm90_trace;  // dev: set by dev/sm90/harness.cu
+#endif
+
 namespace flashattn::cuda::sm90 {
 
 // One tile configuration's launch.
@@ -22,10 +26,13 @@ Status launch(const fa_params& p) {
   const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
   if (p.batch == 0 || rows_q == 0 || p.seqlen_q == 0) return {};
 
-  CUtensorMap map_q, map_k, map_v;
+  CUtensorMap map_q, map_k, map_v, map_o;
   const int32_t batch_dim = varlen ? 1 : p.batch;
   FA_RETURN_IF_ERROR(make_tensor_map(&map_q, p.q, kBf16, kHeadDim, rows_q, p.num_heads, batch_dim, p.q_row_stride,
                                      p.q_head_stride, p.q_batch_stride, T::kBlockM));
+  // O by TMA stores of 64 rows (a consumer warpgroup's), fixed-length batches only (epilogue.cuh).
+  FA_RETURN_IF_ERROR(make_tensor_map(&map_o, p.o, kBf16, kHeadDim, rows_q, p.num_heads, batch_dim, p.o_row_stride,
+                                     p.o_head_stride, p.o_batch_stride, 64));
   // With no keys the maps are never read; they still need a valid address and extent.
   const void* k_ptr = rows_k > 0 ? p.k : p.q;
   const void* v_ptr = rows_k > 0 ? p.v : p.q;
@@ -58,6 +65,9 @@ Status launch(const fa_params& p) {
   fp.window_left = p.window_left;
   fp.window_right = p.window_right;
   fp.block_m = T::kBlockM;
+#if FLASHATTN_SM90_TRACE
+  fp.trace = flashattn_sm90_trace;
+#endif
   fp.num_m_blocks = int32_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
   const int64_t num_bh = int64_t(p.batch) * p.num_heads;
   const int64_t num_tiles = num_bh * fp.num_m_blocks;
@@ -94,6 +104,12 @@ Status launch(const fa_params& p) {
     fp.snake_order = 1;
   }
 
+  fp.section_tiles_div = FastDiv(uint32_t(fp.heads_per_section) * uint32_t(fp.num_m_blocks));
+  fp.section_heads_div = FastDiv(uint32_t(fp.heads_per_section));
+  const int64_t last_section_heads = num_bh - (num_bh - 1) / fp.heads_per_section * fp.heads_per_section;
+  fp.last_section_heads_div = FastDiv(uint32_t(last_section_heads));
+  fp.num_heads_div = FastDiv(uint32_t(p.num_heads));
+
   constexpr size_t smem_bytes = sizeof(SharedStorage<T>) + 1024;  // + alignment slack
   auto kernel = fwd_kernel<T>;
   static bool configured[kMaxDevices] = {};
@@ -102,7 +118,7 @@ Status launch(const fa_params& p) {
     configured[dev.index] = true;
   }
   const int grid = int(std::min<int64_t>(num_tiles, dev.num_sms));
-  kernel<<<grid, T::kThreads, smem_bytes, stream_of(p)>>>(map_q, map_k, map_v, fp);
+  kernel<<<grid, T::kThreads, smem_bytes, stream_of(p)>>>(map_q, map_k, map_v, map_o, fp);
   FA_CUDA_CHECK_LAUNCH("flashattn-sm90 forward");
   return {};
 }

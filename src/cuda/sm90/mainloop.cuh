@@ -51,42 +51,74 @@ template <class T>
 struct Producer {
   // One thread. k, v of head `head_kv` of the tile's sequence; TMA zero-fills rows past the
   // tensor's end, and rows of the next varlen sequence are masked by index in the softmax.
+  // With two q buffers the next tile's q is loaded as soon as its buffer is free (the consumers
+  // release it at the end of the tile before this one): the waits for this tile's k, v stages
+  // poll for it. Only after this tile's loads are all issued does the loop block on it, so the
+  // consumers are never kept waiting for k or v.
   __device__ static void run(const CUtensorMap* map_q, const CUtensorMap* map_k, const CUtensorMap* map_v,
                              SharedStorage<T>& smem, const FwdParams& p) {
     PipelineState<T::kStages> pipe;
     PipelineState<T::kQStages> q_pipe;
     int32_t round = 0;
-    Tile tile;
-    while (next_tile(round, p, tile)) {
+    Tile tile, next;
+    auto load_q = [&](const Tile& t) {
+      const int qs = q_pipe.index;
+      mbar_wait(&smem.q_empty[qs], q_pipe.phase ^ 1);
+      mbar_arrive_expect_tx(&smem.q_full[qs], T::kQBytes);
+      const int32_t q_row = int32_t(t.q_start) + t.m_block * T::kBlockM;
+      const int32_t batch_coord = p.cu_seqlens_q ? 0 : t.batch;
+#pragma unroll
+      for (int c = 0; c < T::kPanels; ++c)
+        tma_load_4d(map_q, &smem.q_full[qs], smem.q[qs] + c * T::kQPanelBytes, 64 * c, q_row, t.head, batch_coord);
+      q_pipe.advance();
+    };
+    bool have = next_tile(round, p, tile);
+    if (have) load_q(tile);
+    [[maybe_unused]] int trace_count = 0;
+    while (have) {
+      SM90_TRACE(p, kTraceProducer, trace_count, 0);
+      const bool have_next = next_tile(round, p, next);
+      bool next_q_pending = have_next;
       const int32_t batch_coord = p.cu_seqlens_q ? 0 : tile.batch;
       const int32_t head_kv = tile.head / p.heads_per_kv_head;
       int32_t n_begin, n_end;
       key_block_range<T::kBlockM, T::kBlockN>(tile, tile_mask<T>(tile, p), n_begin, n_end);
 
-      const int qs = q_pipe.index;
-      mbar_wait(&smem.q_empty[qs], q_pipe.phase ^ 1);
-      mbar_arrive_expect_tx(&smem.q_full[qs], T::kQBytes);
-      const int32_t q_row = int32_t(tile.q_start) + tile.m_block * T::kBlockM;
-#pragma unroll
-      for (int c = 0; c < T::kPanels; ++c)
-        tma_load_4d(map_q, &smem.q_full[qs], smem.q[qs] + c * T::kQPanelBytes, 64 * c, q_row, tile.head, batch_coord);
-      q_pipe.advance();
+      auto wait_stage = [&](uint64_t* empty, uint32_t parity) {
+        if (T::kQStages == 2 && next_q_pending) {
+          while (!mbar_test_wait(empty, parity)) {
+            if (mbar_test_wait(&smem.q_empty[q_pipe.index], q_pipe.phase ^ 1)) {
+              SM90_TRACE(p, kTraceProducer, trace_count, 2);
+              load_q(next);
+              next_q_pending = false;
+              break;
+            }
+          }
+        }
+        mbar_wait(empty, parity);
+      };
 
       for (int32_t n = n_end - 1; n >= n_begin; --n) {
         const int32_t k_row = int32_t(tile.k_start) + n * T::kBlockN;
         const int s = pipe.index;
-        mbar_wait(&smem.k_empty[s], pipe.phase ^ 1);
+        wait_stage(&smem.k_empty[s], pipe.phase ^ 1);
+        if (n == n_end - 1) SM90_TRACE(p, kTraceProducer, trace_count, 1);
         mbar_arrive_expect_tx(&smem.k_full[s], T::kKVBytes);
 #pragma unroll
         for (int c = 0; c < T::kPanels; ++c)
           tma_load_4d(map_k, &smem.k_full[s], smem.k[s] + c * T::kKVPanelBytes, 64 * c, k_row, head_kv, batch_coord);
-        mbar_wait(&smem.v_empty[s], pipe.phase ^ 1);
+        wait_stage(&smem.v_empty[s], pipe.phase ^ 1);
         mbar_arrive_expect_tx(&smem.v_full[s], T::kKVBytes);
 #pragma unroll
         for (int c = 0; c < T::kPanels; ++c)
           tma_load_4d(map_v, &smem.v_full[s], smem.v[s] + c * T::kKVPanelBytes, 64 * c, k_row, head_kv, batch_coord);
         pipe.advance();
       }
+      SM90_TRACE(p, kTraceProducer, trace_count, 3);
+      if (next_q_pending) load_q(next);
+      ++trace_count;
+      tile = next;
+      have = have_next;
     }
   }
 };
@@ -129,6 +161,7 @@ struct Consumer {
   float o[kD / 2];
   float row_max[2];  // running max of the row's scores, log2 domain
   float row_sum[2];  // this thread's part of the running sum of exp2(score - row_max)
+  int trace_count = 0;  // FLASHATTN_SM90_TRACE: tiles so far
 
   // Issues S = q k^T for this warpgroup's 64 rows: q (64, head_dim) and k (block_n, head_dim),
   // both K-major in shared memory.
@@ -142,6 +175,32 @@ struct Consumer {
       Mma::template ss<0>(s, da, db, kk > 0);
     }
     wgmma_commit();
+  }
+
+  // The same with q from registers (the A-operand layout, load_q_fragments).
+  __device__ __forceinline__ static void issue_qk(float (&s)[kN / 2], const uint32_t (&qa)[kD / 16][4],
+                                                  const uint8_t* k) {
+    const uint32_t k_addr = smem_addr(k);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint64_t db = make_smem_desc(k_addr + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32, 16, 1024);
+      Mma::template rs<0>(s, qa[kk], db, kk > 0);
+    }
+    wgmma_commit();
+  }
+
+  // This warp's 16 rows of the warpgroup's q (64 rows at q_rows, TMA's 128-byte swizzle: the
+  // 16-byte chunk c of row r sits at chunk c ^ (r % 8)) in the A-operand layout, per k16 step:
+  // ldmatrix x4, lanes 0-15 address rows 0-15 of the step's first 8 columns, lanes 16-31 the next 8.
+  __device__ __forceinline__ static void load_q_fragments(uint32_t (&qa)[kD / 16][4], const uint8_t* q_rows) {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+    const int row = 16 * warp + lane % 16;
+    const uint32_t row_addr = smem_addr(q_rows) + row * 128;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const int chunk = 2 * (kk % 4) + lane / 16;
+      ldmatrix_x4(row_addr + (kk / 4) * T::kQPanelBytes + ((chunk ^ (row % 8)) * 16), qa[kk]);
+    }
   }
 
   // Issues O += P v: P (64, block_n) from registers as the A operand, v (block_n, head_dim)
@@ -303,12 +362,14 @@ struct Consumer {
   }
 
   // Runs the key blocks of one tile; leaves O unnormalized, row_max and the full row sums.
+  // deferred_q_release >= 0: the q buffer that the tile before stored O from with TMA, freed here
+  // once the store has read it.
   // Software pipelined inside the warpgroup: while the tensor cores compute S of block n and
   // O += P v of block n + 1 (the previous one; blocks run backwards), the warpgroup waits only
   // for S, runs the softmax of block n, then waits for O to rescale it.
   __device__ __forceinline__ void run_tile(SharedStorage<T>& smem, const FwdParams& p, const Tile& tile,
                                            int consumer_wg, PipelineState<T::kStages>& pipe,
-                                           PipelineState<T::kQStages>& q_pipe) {
+                                           PipelineState<T::kQStages>& q_pipe, int deferred_q_release) {
     const int thread = threadIdx.x % 128, lane = threadIdx.x % 32;
     const bool signals = thread == 0;  // one arrival per warpgroup on the empty barriers
     const Mask mask = tile_mask<T>(tile, p);
@@ -339,11 +400,14 @@ struct Consumer {
     row_sum[0] = row_sum[1] = 0.f;
 
     const int qs = q_pipe.index;
+    SM90_TRACE(p, consumer_wg, trace_count, 0);
     mbar_wait(&smem.q_full[qs], q_pipe.phase);
+    SM90_TRACE(p, consumer_wg, trace_count, 1);
     q_pipe.advance();
     // q_empty: after the last S, or (staged epilogue) once O has passed through the buffer.
     const bool release_q = signals && !T::kStagedEpilogue;
     if (n_end <= n_begin) {  // no visible key in the whole tile
+      if (deferred_q_release >= 0) release_staged_q(&smem.q_empty[deferred_q_release]);
       if (release_q) mbar_arrive(&smem.q_empty[qs]);
       return;
     }
@@ -351,21 +415,35 @@ struct Consumer {
     float s[kN / 2];
     uint32_t pa[kN / 16][4];
     float corr[2];
+    uint32_t qa[kD / 16][4];  // Traits::kQInRegisters only
+    if constexpr (T::kQInRegisters) load_q_fragments(qa, q_rows);
+    auto issue_s = [&](const uint8_t* k) {
+      if constexpr (T::kQInRegisters) {
+        issue_qk(s, qa, k);
+      } else {
+        issue_qk(s, q_rows, k);
+      }
+    };
 
     // Block n_end - 1: S alone.
     int32_t n = n_end - 1;
     mbar_wait(&smem.k_full[pipe.index], pipe.phase);
+    SM90_TRACE(p, consumer_wg, trace_count, 2);
     pingpong_wait<T>(consumer_wg);
     wgmma_fence();
-    issue_qk(s, q_rows, smem.k[pipe.index]);
+    issue_s(smem.k[pipe.index]);
     pingpong_pass<T>(consumer_wg);
+    // The tile before stored O from its q buffer with TMA: free it once read, while S runs.
+    if (deferred_q_release >= 0) release_staged_q(&smem.q_empty[deferred_q_release]);
     wgmma_wait<0>();
     fence_registers(s);
+    SM90_TRACE(p, consumer_wg, trace_count, 3);
     if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
     if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
     mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
     online_softmax(s, p.score_scale_log2, corr);
     to_a_operand(s, pa);
+    SM90_TRACE(p, consumer_wg, trace_count, 4);
     int prev_stage = pipe.index;
     uint32_t prev_phase = pipe.phase;
     pipe.advance();
@@ -376,7 +454,7 @@ struct Consumer {
       mbar_wait(&smem.v_full[prev_stage], prev_phase);
       pingpong_wait<T>(consumer_wg);
       wgmma_fence();
-      issue_qk(s, q_rows, smem.k[pipe.index]);
+      issue_s(smem.k[pipe.index]);
       if constexpr (T::kRescaleEarly) rescale_between_issues(corr);
       issue_pv(pa, smem.v[prev_stage]);
       pingpong_pass<T>(consumer_wg);
@@ -395,6 +473,7 @@ struct Consumer {
     }
 
     // The last O += P v.
+    SM90_TRACE(p, consumer_wg, trace_count, 5);
     mbar_wait(&smem.v_full[prev_stage], prev_phase);
     pingpong_wait<T>(consumer_wg);
     if constexpr (T::kRescaleEarly) rescale_o(corr);
@@ -406,6 +485,7 @@ struct Consumer {
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);
     if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
+    SM90_TRACE(p, consumer_wg, trace_count, 6);
 
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

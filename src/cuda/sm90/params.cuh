@@ -16,6 +16,36 @@
 #define FLASHATTN_SM90_STAGED_EPILOGUE 1
 #endif
 
+// Dev switch: q in registers (the A operand of S = q k^T from registers instead of shared memory)
+// where it fits (Traits::kQInRegisters).
+#ifndef FLASHATTN_SM90_Q_REGS
+#define FLASHATTN_SM90_Q_REGS 0
+#endif
+
+// Dev switch: clock64 of the pipeline's events per tile into FwdParams::trace (CTAs 0-7, their
+// first 64 tiles, 16 events; dev/sm90/harness.cu trace prints them).
+#ifndef FLASHATTN_SM90_TRACE
+#define FLASHATTN_SM90_TRACE 0
+#endif
+#if FLASHATTN_SM90_TRACE
+// slot: consumer warpgroup 0, 1, .. or the producer (kTraceProducer); event e < 16 of tile `count`.
+#define SM90_TRACE(p, slot, count, e)                                                         \
+  do {                                                                                        \
+    if ((p).trace && blockIdx.x < 8 && (count) < 64 && threadIdx.x % 128 == 0)               \
+      (p).trace[((blockIdx.x * 4 + (slot)) * 64 + (count)) * 16 + (e)] = clock64();          \
+  } while (0)
+#else
+#define SM90_TRACE(p, slot, count, e) \
+  do {                                \
+  } while (0)
+#endif
+constexpr int kTraceProducer = 3;
+
+// Dev switch: the staged epilogue stores O with TMA (fixed-length batches); 0: 16-byte stores.
+#ifndef FLASHATTN_SM90_TMA_STORE
+#define FLASHATTN_SM90_TMA_STORE 1
+#endif
+
 // Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
 // choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
 // (128 or 192) and 128 (128 or 176), where the O rescale runs (Traits::kRescaleEarly), and the
@@ -45,6 +75,22 @@
 
 namespace flashattn::cuda::sm90 {
 
+// n / d for 0 <= n < 2^31 by a multiply-high and a shift (Granlund-Montgomery, rounded-up
+// multiplier), the multiplier computed on the host: the tile decode ran three 32-bit divisions
+// in a row, ~850 clocks between two tiles.
+struct FastDiv {
+  uint32_t d = 1, mul = 0, shift = 0;
+  FastDiv() = default;
+  __host__ explicit FastDiv(uint32_t divisor) : d(divisor) {
+    while ((uint64_t(1) << shift) < d) ++shift;  // shift = ceil(log2 d)
+    mul = uint32_t((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d) / d + 1);
+  }
+  __device__ __forceinline__ int32_t div(int32_t n) const {
+    const uint32_t t = __umulhi(mul, uint32_t(n));
+    return int32_t((uint64_t(t) + uint32_t(n)) >> shift);
+  }
+};
+
 // What the kernel reads besides the three tensor maps (q, k, v are read through TMA only).
 struct FwdParams {
   void* o;  // (batch, seqlen_q, num_heads, head_dim), or varlen (total_q, num_heads, head_dim)
@@ -65,7 +111,13 @@ struct FwdParams {
   int32_t num_m_blocks;  // ceil(seqlen_q / block_m)
   int32_t num_tiles;     // num_m_blocks * batch * num_heads
   int32_t heads_per_section;  // (batch, head) pairs whose k, v share L2 (the scheduler's swizzle)
+  // Divisors of the tile decode: tiles of a section, heads of a section (of the last one, which
+  // may hold fewer), heads.
+  FastDiv section_tiles_div, section_heads_div, last_section_heads_div, num_heads_div;
   int32_t snake_order;        // rounds of tiles alternate direction (scheduler.cuh)
+#if FLASHATTN_SM90_TRACE
+  long long* trace;
+#endif
 };
 
 // Tile configuration: block_m = 64 rows of q per consumer warpgroup, block_n keys per step,
@@ -118,6 +170,11 @@ struct Traits {
   // slower with 3 at head_dim 64).
   static constexpr bool kStagedEpilogue =
       FLASHATTN_SM90_STAGED_EPILOGUE && kQStages == 2 && !kTileOverlap && kConsumerWarpgroups == 2;
+  // q (64 x head_dim of the warpgroup) in registers, head_dim / 4 a thread: S = q k^T then reads
+  // only k from shared memory. Room for it: head_dim 128 with block_n 128 (O 64 + S 64 + P 32 +
+  // q 32 floats a thread).
+  static constexpr bool kQInRegisters =
+      FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && kBlockN == 128 && kConsumerWarpgroups == 2;
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");

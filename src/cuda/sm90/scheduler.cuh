@@ -33,18 +33,18 @@ __device__ __forceinline__ int32_t tile_of_round(int32_t r, const FwdParams& p) 
 
 __device__ __forceinline__ Tile decode_tile(int32_t t, const FwdParams& p) {
   const int32_t num_bh = p.batch * p.num_heads;
-  const int32_t per_section = p.heads_per_section * p.num_m_blocks;
-  const int32_t section = t / per_section;
+  const int32_t section = p.section_tiles_div.div(t);
   const int32_t first_bh = section * p.heads_per_section;
-  const int32_t section_bh = min(p.heads_per_section, num_bh - first_bh);
-  const int32_t r = t - section * per_section;
-  const int32_t m_index = r / section_bh;
-  const int32_t bh = first_bh + r % section_bh;
+  const int32_t r = t - section * int32_t(p.section_tiles_div.d);
+  // The last section may hold fewer heads.
+  const FastDiv& section_bh = first_bh + p.heads_per_section > num_bh ? p.last_section_heads_div : p.section_heads_div;
+  const int32_t m_index = section_bh.div(r);
+  const int32_t bh = first_bh + r - m_index * int32_t(section_bh.d);
 
   Tile tile;
   tile.m_block = p.causal ? p.num_m_blocks - 1 - m_index : m_index;
-  tile.batch = bh / p.num_heads;
-  tile.head = bh % p.num_heads;
+  tile.batch = p.num_heads_div.div(bh);
+  tile.head = bh - tile.batch * p.num_heads;
   if (p.cu_seqlens_q) {
     const int32_t q0 = p.cu_seqlens_q[tile.batch], k0 = p.cu_seqlens_k[tile.batch];
     tile.q_start = q0;
