@@ -15,8 +15,11 @@ std::vector<Case> sm90_forward_cases() {
   std::vector<Case> out;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
     // The kernel takes head dims 64, 128, 256 and 16-byte strides (TMA); the rest goes to sm80.
+    // head_dim 256 with varlen goes to sm80 for now (a hang, src/cuda/sm90/launch.cu).
     for (const Case& c : fa_test::standard_forward_cases(dt, 256))
-      if ((c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256) && c.row_padding % 8 == 0) out.push_back(c);
+      if ((c.head_dim == 64 || c.head_dim == 128 || (c.head_dim == 256 && c.seqlens_q.empty())) &&
+          c.row_padding % 8 == 0)
+        out.push_back(c);
     for (int d : {64, 128, 256}) {
       Case c;
       c.dtype = dt, c.head_dim = d, c.batch = 2, c.seqlen_q = 1000, c.seqlen_k = 1100, c.num_heads = 8;
@@ -30,7 +33,7 @@ std::vector<Case> sm90_forward_cases() {
       v.dtype = dt, v.head_dim = d, v.num_heads = 4, v.num_heads_kv = 1, v.causal = true;
       v.seqlens_q = {700, 0, 129, 1, 520}, v.seqlens_k = {900, 40, 0, 333, 520};
       v.batch = 5, v.seqlen_q = 700, v.seqlen_k = 900;
-      out.push_back(v);
+      if (d != 256) out.push_back(v);
       // A long key range: the tile configurations chosen for many key blocks (launch_template.cuh).
       Case l;
       l.dtype = dt, l.head_dim = d, l.batch = 1, l.seqlen_q = 300, l.seqlen_k = 8300, l.num_heads = 2;

@@ -17,9 +17,9 @@
 #endif
 
 // Dev switch: q in registers (the A operand of S = q k^T from registers instead of shared memory)
-// where it fits (Traits::kQInRegisters).
+// where it fits (Traits::kQInRegisters): measured +2-6% at head_dim 128 with block_n 128.
 #ifndef FLASHATTN_SM90_Q_REGS
-#define FLASHATTN_SM90_Q_REGS 0
+#define FLASHATTN_SM90_Q_REGS 1
 #endif
 
 // Dev switch: clock64 of the pipeline's events per tile into FwdParams::trace (CTAs 0-7, their
