@@ -18,9 +18,8 @@ mkdir -p "$OUT"
 STEPS=${*:-check bench cudnn sass sanitize}
 B=build-sm90-dev
 VARIANTS=(
-  "before|256||dev/sm90/before"
-  "default|128,256|"
-  "qregs|128,256|-DFLASHATTN_SM90_Q_REGS=1"
+  "default|64,128,256|"
+  "trace|128|-DFLASHATTN_SM90_TRACE=1 -DFLASHATTN_SM90_HDIM128_BLOCK_N=128 -DFLASHATTN_SM90_RESCALE_EARLY=1"
 )
 SAN=${SAN:-$(echo "${VARIANTS[-1]}" | cut -d'|' -f1)}
 FLAGS="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -diag-suppress 20012
