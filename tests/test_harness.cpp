@@ -29,8 +29,10 @@ Case small_case(fa_dtype dt) {
 }
 
 // Runs FA2 forward on pr after `tweak` changed its problem; the outputs land in pr.
+// Fixed inputs (seed 1): a claim about the rule on one output, so it must not depend on the draw
+// (with fresh inputs the 2% scale tweak in bf16 fell inside the tolerance in one CI run).
 std::string rule_on_tweaked_forward(const Case& c, void (*tweak)(Case&)) {
-  Problem pr = make_problem(c, 0);
+  Problem pr = make_problem(c, 1);
   Outputs ref = reference_forward(pr), plain = plain_forward(pr);
   tweak(pr.c);
   EXPECT_EQ(run_impl(pr, FA_IMPL_CPU_FA2, Space::Host, false), "");
