@@ -72,8 +72,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         SM90_TRACE(p, consumer_wg, consumer.trace_count, 7);
         ++consumer.trace_count;
       }
-      if (deferred_q_release >= 0) release_staged_q(&smem.q_empty[deferred_q_release]);
-      if (T::kStagedEpilogue && threadIdx.x % 128 == 0) bulk_wait_group_0<false>();  // O written before exit
+      // The last TMA store done before the CTA (and its shared memory) goes; no q load follows it,
+      // so its buffer needs no release.
+      if (deferred_q_release >= 0 && threadIdx.x % 128 == 0) bulk_wait_group_0<false>();
     }
     if (consumer_wg == 0) pingpong_wait<T>(consumer_wg);
   }
