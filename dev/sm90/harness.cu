@@ -67,6 +67,10 @@ struct Result {
   bool nan = false;
 };
 
+// Dev hooks read by launch_template.cuh in trace and watchdog builds.
+long long* flashattn_sm90_trace = nullptr;
+int* flashattn_sm90_watchdog = nullptr;
+
 // Runs one case and compares. Tensors are (rows, heads, head_dim) per sequence with row stride
 // heads * head_dim (+ 8 elements when padded), sequences packed (varlen) or batched.
 static bool run_case(const Case& c, std::mt19937& rng) {
@@ -153,12 +157,26 @@ static bool run_case(const Case& c, std::mt19937& rng) {
     std::printf("FAIL %s: sm90_supports is false\n", describe(c).c_str());
     return false;
   }
+  // Watchdog builds (FLASHATTN_SM90_WATCHDOG) record waits that hung here: 1 + 64 records of 20.
+  constexpr int kWatchdogInts = 1 + 64 * 20;
+  if (!flashattn_sm90_watchdog) CHECK_CUDA(cudaMalloc(&flashattn_sm90_watchdog, kWatchdogInts * 4));
+  CHECK_CUDA(cudaMemset(flashattn_sm90_watchdog, 0, kWatchdogInts * 4));
   flashattn::Status st = flashattn::cuda::sm90_forward(p);
   if (!st.ok()) {
     std::printf("FAIL %s: %s\n", describe(c).c_str(), st.message.c_str());
     return false;
   }
   CHECK_CUDA(cudaDeviceSynchronize());
+  {
+    std::vector<int> w(kWatchdogInts);
+    CHECK_CUDA(cudaMemcpy(w.data(), flashattn_sm90_watchdog, kWatchdogInts * 4, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < std::min(w[0], 64); ++i) {
+      const int* r = &w[1 + 20 * i];
+      std::printf("WATCHDOG block %d thread %d bar %d parity %d state %08x%08x |", r[0], r[1], r[2], r[3], r[4], r[5]);
+      for (int g = 0; g < 4; ++g) std::printf(" wg%d m%d bh%d n/count %d |", g, r[6 + 3 * g], r[7 + 3 * g], r[8 + 3 * g]);
+      std::printf("\n");
+    }
+  }
   std::vector<uint16_t> hout(nq);
   std::vector<float> hlse(std::max<size_t>(nlse, 1));
   CHECK_CUDA(cudaMemcpy(hout.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
@@ -317,8 +335,6 @@ static std::vector<Case> check_cases(bool small) {
   return cases;
 }
 
-// The trace of one call (builds with -DFLASHATTN_SM90_TRACE=1; launch_template.cuh reads it).
-long long* flashattn_sm90_trace = nullptr;
 
 // Per tile of CTAs 0-7: clock64 of the consumer events 8 tile decoded, 0 run_tile set up, 1 q
 // ready, 2 first k ready, 3 first S done, 4 first softmax done, 5 key-block loop done, 6 last

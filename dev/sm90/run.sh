@@ -21,6 +21,8 @@ VARIANTS=(
   "default|64,128,256|"
   "trace|128|-DFLASHATTN_SM90_TRACE=1 -DFLASHATTN_SM90_HDIM128_BLOCK_N=128 -DFLASHATTN_SM90_RESCALE_EARLY=1"
 )
+# VARIANTS_OVERRIDE: ';'-separated variants in place of the list above.
+[ -n "${VARIANTS_OVERRIDE:-}" ] && IFS=';' read -ra VARIANTS <<< "$VARIANTS_OVERRIDE"
 SAN=${SAN:-$(echo "${VARIANTS[-1]}" | cut -d'|' -f1)}
 FLAGS="-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -diag-suppress 20012
   -Xptxas=-warn-spills -Iinclude -Isrc"
@@ -87,7 +89,9 @@ for step in $STEPS; do
       grep -cE "HGMMA" "$OUT/sass_default_128.txt" ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
-        timeout 60 compute-sanitizer --tool $tool $B/$SAN/sm90_harness check small > "$OUT/${tool}_$SAN.log" 2>&1
+        san_hdims=$(printf '%s\n' "${VARIANTS[@]}" | awk -F'|' -v n="$SAN" '$1 == n {print $2}')
+        BENCH_HDIMS=$san_hdims timeout 60 compute-sanitizer --tool $tool $B/$SAN/sm90_harness check small \
+          > "$OUT/${tool}_$SAN.log" 2>&1
         echo "$tool $SAN: rc=$? $(tail -2 "$OUT/${tool}_$SAN.log" | tr '\n' ' ')"
       done ;;
     trace) # TRACE_SHAPES: "head_dim causal seqlen" triples, ';'-separated, of the variants named trace*
@@ -102,11 +106,12 @@ for step in $STEPS; do
           echo "== trace $name $shape"; grep -v "^variant\|^$" "$OUT/trace_${name}_$tag.log"
         done
       done ;;
-    repro) # REPRO_MATCH (a check case's description, or part of it) run 30 times by each variant
+    repro) # REPRO_MATCH (a check case's description, or part of it) run REPRO_REPEAT (30) times by each variant
       for v in "${VARIANTS[@]}"; do
         IFS='|' read -r name hdims defs <<< "$v"
-        CHECK_MATCH="$REPRO_MATCH" CHECK_REPEAT=30 timeout 120 $B/$name/sm90_harness check > "$OUT/repro_$name.log" 2>&1
+        CHECK_MATCH="$REPRO_MATCH" CHECK_REPEAT=${REPRO_REPEAT:-30} timeout 120 $B/$name/sm90_harness check > "$OUT/repro_$name.log" 2>&1
         echo "repro $name: rc=$? $(grep -c PASS "$OUT/repro_$name.log") passed, $(grep -c FAIL "$OUT/repro_$name.log") failed"
+        grep -m 60 WATCHDOG "$OUT/repro_$name.log"
       done ;;
     ncu) # NCU_SHAPES: "head_dim causal seqlen" triples, ';'-separated, of the default variant
       IFS=';' read -ra shapes <<< "${NCU_SHAPES:-128 0 16384}"

@@ -36,6 +36,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     tma_prefetch_descriptor(&map_k);
     tma_prefetch_descriptor(&map_v);
     if (T::kStagedEpilogue) tma_prefetch_descriptor(&map_o);
+#if FLASHATTN_SM90_WATCHDOG
+    watchdog_log = p.watchdog;
+#endif
   }
   __syncthreads();
 

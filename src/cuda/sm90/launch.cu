@@ -95,10 +95,6 @@ bool sm90_supports(const fa_params& p) {
   // TMA: 16-byte aligned bases and strides. The epilogue's stores need the same of o.
   if (!sm90::aligned16(p.q) || !sm90::aligned16(p.k) || !sm90::aligned16(p.v) || !sm90::aligned16(p.o)) return false;
   const bool varlen = is_varlen(p);
-  // Known bug: the dev harness's head_dim 256 varlen case with 10 sequences (empty ones among
-  // them), 32 heads over 8 kv heads and a (64, 16) window hangs (dev/sm90/run.sh repro; HEAD of
-  // session 4 too). Until found, head_dim 256 with varlen runs on sm80.
-  if (varlen && p.head_dim == 256) return false;
   const int64_t batch = varlen ? 1 : p.batch;
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   using sm90::stride_ok;

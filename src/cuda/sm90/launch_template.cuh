@@ -13,6 +13,9 @@
 #if FLASHATTN_SM90_TRACE
 extern long long* flashattn_sm90_trace;  // dev: set by dev/sm90/harness.cu
 #endif
+#if FLASHATTN_SM90_WATCHDOG
+extern int* flashattn_sm90_watchdog;  // dev: set by dev/sm90/harness.cu
+#endif
 
 namespace flashattn::cuda::sm90 {
 
@@ -67,6 +70,9 @@ Status launch(const fa_params& p) {
   fp.block_m = T::kBlockM;
 #if FLASHATTN_SM90_TRACE
   fp.trace = flashattn_sm90_trace;
+#endif
+#if FLASHATTN_SM90_WATCHDOG
+  fp.watchdog = flashattn_sm90_watchdog;
 #endif
   fp.num_m_blocks = int32_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
   const int64_t num_bh = int64_t(p.batch) * p.num_heads;
@@ -143,7 +149,7 @@ Status run_fwd(const fa_params& p) {
 #if FLASHATTN_SM90_DEV_CONFIG
   constexpr int kBlockN = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_BLOCK_N
                           : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_BLOCK_N
-                                            : 64;
+                                            : FLASHATTN_SM90_HDIM256_BLOCK_N;
   constexpr int kConsumers = kHeadDim == 64 ? FLASHATTN_SM90_HDIM64_CONSUMERS : 2;
   return launch<Traits<kHeadDim, kBf16, kBlockN, bool(FLASHATTN_SM90_RESCALE_EARLY),
                        bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers>>(p);

@@ -61,8 +61,10 @@ struct Producer {
     PipelineState<T::kQStages> q_pipe;
     int32_t round = 0;
     Tile tile, next;
+    [[maybe_unused]] int trace_count = 0;
     auto load_q = [&](const Tile& t) {
       const int qs = q_pipe.index;
+      SM90_WATCH(kTraceProducer, t.m_block, t.batch * 100 + t.head, -1, trace_count);
       mbar_wait(&smem.q_empty[qs], q_pipe.phase ^ 1);
       mbar_arrive_expect_tx(&smem.q_full[qs], T::kQBytes);
       const int32_t q_row = int32_t(t.q_start) + t.m_block * T::kBlockM;
@@ -74,7 +76,6 @@ struct Producer {
     };
     bool have = next_tile(round, p, tile);
     if (have) load_q(tile);
-    [[maybe_unused]] int trace_count = 0;
     while (have) {
       SM90_TRACE(p, kTraceProducer, trace_count, 0);
       const bool have_next = next_tile(round, p, next);
@@ -101,12 +102,14 @@ struct Producer {
       for (int32_t n = n_end - 1; n >= n_begin; --n) {
         const int32_t k_row = int32_t(tile.k_start) + n * T::kBlockN;
         const int s = pipe.index;
+        SM90_WATCH(kTraceProducer, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
         wait_stage(&smem.k_empty[s], pipe.phase ^ 1);
         if (n == n_end - 1) SM90_TRACE(p, kTraceProducer, trace_count, 1);
         mbar_arrive_expect_tx(&smem.k_full[s], T::kKVBytes);
 #pragma unroll
         for (int c = 0; c < T::kPanels; ++c)
           tma_load_4d(map_k, &smem.k_full[s], smem.k[s] + c * T::kKVPanelBytes, 64 * c, k_row, head_kv, batch_coord);
+        SM90_WATCH(kTraceProducer, tile.m_block, tile.batch * 100 + tile.head, 10000 + n, trace_count);
         wait_stage(&smem.v_empty[s], pipe.phase ^ 1);
         mbar_arrive_expect_tx(&smem.v_full[s], T::kKVBytes);
 #pragma unroll
@@ -401,6 +404,7 @@ struct Consumer {
 
     const int qs = q_pipe.index;
     SM90_TRACE(p, consumer_wg, trace_count, 0);
+    SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, -1, trace_count);
     mbar_wait(&smem.q_full[qs], q_pipe.phase);
     SM90_TRACE(p, consumer_wg, trace_count, 1);
     q_pipe.advance();
@@ -408,7 +412,13 @@ struct Consumer {
     const bool release_q = signals && !T::kStagedEpilogue;
     if (n_end <= n_begin) {  // no visible key in the whole tile
       if (deferred_q_release >= 0) release_staged_q(&smem.q_empty[deferred_q_release]);
-      if (release_q) mbar_arrive(&smem.q_empty[qs]);
+      // Elsewhere the wgmma holds the warpgroup together between the wait for q_full and the
+      // release; here, without it, a warp still before its wait could see the buffer refilled
+      // (q_full a phase further, same parity with one q buffer) and wait forever.
+      if (!T::kStagedEpilogue) {
+        named_barrier_sync(kEpilogueBarrier + consumer_wg, 128);
+        if (release_q) mbar_arrive(&smem.q_empty[qs]);
+      }
       return;
     }
     const uint8_t* q_rows = smem.q[qs] + consumer_wg * 64 * 128;
@@ -450,6 +460,7 @@ struct Consumer {
 
     // Steady state: S of block n and O += P v of block n + 1 in flight together.
     for (n = n_end - 2; n >= n_begin; --n) {
+      SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
       mbar_wait(&smem.k_full[pipe.index], pipe.phase);
       mbar_wait(&smem.v_full[prev_stage], prev_phase);
       pingpong_wait<T>(consumer_wg);
@@ -474,6 +485,7 @@ struct Consumer {
 
     // The last O += P v.
     SM90_TRACE(p, consumer_wg, trace_count, 5);
+    SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, 20000, trace_count);
     mbar_wait(&smem.v_full[prev_stage], prev_phase);
     pingpong_wait<T>(consumer_wg);
     if constexpr (T::kRescaleEarly) rescale_o(corr);
@@ -520,6 +532,7 @@ struct Consumer {
     for (; planned; planned = plan_next_tile(p, round, w)) {
       mbar_wait(&smem.q_full[q_pipe.index], q_pipe.phase);
       if (w.n_end > w.n_begin) return true;
+      named_barrier_sync(kEpilogueBarrier + consumer_wg, 128);  // every warp past q_full (run_tile)
       if (threadIdx.x % 128 == 0) mbar_arrive(&smem.q_empty[q_pipe.index]);
       q_pipe.advance();
       float zero_o[kD / 2], zero_stat[2] = {0.f, 0.f};

@@ -48,11 +48,11 @@ constexpr int kTraceProducer = 3;
 
 // Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
 // choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
-// (128 or 192) and 128 (128 or 176), where the O rescale runs (Traits::kRescaleEarly), and the
+// (128 or 192), 128 (128 or 176) and 256 (64 or 80), where the O rescale runs (Traits::kRescaleEarly), and the
 // overlapped tile boundaries (Traits::kTileOverlap). dev/sm90/run.sh builds its variants with them.
 #if defined(FLASHATTN_SM90_HDIM64_BLOCK_N) || defined(FLASHATTN_SM90_HDIM128_BLOCK_N) || \
-    defined(FLASHATTN_SM90_RESCALE_EARLY) || defined(FLASHATTN_SM90_TILE_OVERLAP) ||       \
-    defined(FLASHATTN_SM90_HDIM64_CONSUMERS)
+    defined(FLASHATTN_SM90_HDIM256_BLOCK_N) || defined(FLASHATTN_SM90_RESCALE_EARLY) ||     \
+    defined(FLASHATTN_SM90_TILE_OVERLAP) || defined(FLASHATTN_SM90_HDIM64_CONSUMERS)
 #define FLASHATTN_SM90_DEV_CONFIG 1
 #ifndef FLASHATTN_SM90_HDIM64_CONSUMERS
 #define FLASHATTN_SM90_HDIM64_CONSUMERS 2
@@ -62,6 +62,9 @@ constexpr int kTraceProducer = 3;
 #endif
 #ifndef FLASHATTN_SM90_HDIM128_BLOCK_N
 #define FLASHATTN_SM90_HDIM128_BLOCK_N 176
+#endif
+#ifndef FLASHATTN_SM90_HDIM256_BLOCK_N
+#define FLASHATTN_SM90_HDIM256_BLOCK_N 64
 #endif
 #ifndef FLASHATTN_SM90_RESCALE_EARLY
 #define FLASHATTN_SM90_RESCALE_EARLY 0
@@ -117,6 +120,9 @@ struct FwdParams {
   int32_t snake_order;        // rounds of tiles alternate direction (scheduler.cuh)
 #if FLASHATTN_SM90_TRACE
   long long* trace;
+#endif
+#if FLASHATTN_SM90_WATCHDOG
+  int* watchdog;  // 1 + kWatchdogRecords * kWatchdogRecord ints, zeroed (primitives.cuh)
 #endif
 };
 

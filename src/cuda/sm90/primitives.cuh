@@ -57,9 +57,64 @@ __device__ __forceinline__ bool mbar_test_wait(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
+// Dev switch: a watchdog on every mbar_wait. A wait that spins for ~2^32 clocks (a hang) records
+// the barrier (its offset in the 1024-byte line after the k/v tiles: the index into q_full,
+// q_empty, k_full, k_empty, v_full, v_empty), its raw state and where each warpgroup of the CTA
+// was (SM90_WATCH) into FwdParams::watchdog (kernel.cuh sets watchdog_log from it), then gives
+// up; after the first report every wait gives up within ~2^20 clocks, so the kernel ends. No
+// printf: a call in the kernel serializes the wgmma (ptxas C7510) and moves the timing.
+#ifndef FLASHATTN_SM90_WATCHDOG
+#define FLASHATTN_SM90_WATCHDOG 0
+#endif
+#if FLASHATTN_SM90_WATCHDOG
+constexpr int kWatchdogRecord = 20, kWatchdogRecords = 64;  // ints a record; [0]: records written
+static __device__ int* watchdog_log;
+static __device__ int watchdog_fired;
+static __device__ int4 watchdog_where[1024 * 4];  // (block, warpgroup): what SM90_WATCH last wrote
+#define SM90_WATCH(slot, a, b, c, d)                                                                \
+  do {                                                                                              \
+    if (threadIdx.x % 128 == 0) watchdog_where[blockIdx.x * 4 + (slot)] = make_int4(a, b, c, d); \
+  } while (0)
+__device__ __forceinline__ void watchdog_report(uint64_t* bar, uint32_t parity) {
+  atomicExch(&watchdog_fired, 1);
+  const int i = atomicAdd(watchdog_log, 1);
+  if (i >= kWatchdogRecords) return;
+  uint64_t state;
+  asm volatile("ld.shared.b64 %0, [%1];" : "=l"(state) : "r"(smem_addr(bar)));
+  int* r = watchdog_log + 1 + i * kWatchdogRecord;
+  r[0] = blockIdx.x;
+  r[1] = threadIdx.x;
+  r[2] = (smem_addr(bar) % 1024) / 8;
+  r[3] = parity;
+  r[4] = int(state >> 32);
+  r[5] = int(state);
+  for (int w = 0; w < 4; ++w) {
+    const volatile int4& x = watchdog_where[blockIdx.x * 4 + w];
+    r[6 + 3 * w] = x.x;
+    r[7 + 3 * w] = x.y;
+    r[8 + 3 * w] = x.z * 1000 + x.w;  // key block (or -1 q, 10000 + n v, 20000 last PV) and tile count
+  }
+  __threadfence_system();
+}
+#else
+#define SM90_WATCH(slot, a, b, c, d) \
+  do {                               \
+  } while (0)
+#endif
+
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if FLASHATTN_SM90_WATCHDOG
+  const long long start = clock64();
+  while (!mbar_try_wait(bar, parity)) {
+    if (clock64() - start > (*(volatile int*)&watchdog_fired ? (1ll << 20) : (1ll << 32))) {
+      watchdog_report(bar, parity);
+      return;
+    }
+  }
+#else
   while (!mbar_try_wait(bar, parity)) {
   }
+#endif
 }
 
 // TMA -----------------------------------------------------------------------------------------
