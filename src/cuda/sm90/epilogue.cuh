@@ -1,10 +1,12 @@
 // Epilogue: O / row_sum to the output dtype and the lse, rows past the sequence's end predicated
-// off (varlen tiles may overhang the next sequence's rows in the packed tensor). Two ways:
+// off (varlen tiles may overhang the next sequence's rows in the packed tensor). Three ways:
 //   store_tile:        4-byte stores straight from the accumulator registers (each warp store
 //                      touches 8 rows: the load/store unit, not the tensor cores, sets the pace
 //                      of short sequences);
+//   store_tile_slab:   O through a slab of shared memory per warp, then a TMA store (or 16-byte
+//                      stores);
 //   store_tile_staged: O through shared memory (the tile's own q buffer, whose rows the
-//                      warpgroup has finished reading), then 16-byte stores of whole rows.
+//                      warpgroup has finished reading), then a TMA store (or 16-byte stores).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,6 +55,73 @@ __device__ __forceinline__ void store_tile(const float (&o)[T::kHeadDim / 2], co
     for (int n = 0; n < T::kHeadDim / 8; ++n) out[4 * n] = pack2(o[4 * n + 2 * i] * inv, o[4 * n + 2 * i + 1] * inv, T::kBf16);
   }
   store_lse<T>(row_max, row_sum, p, tile, row0);
+}
+
+// O of this warp's 16 rows through its own slab of shared memory, kSlabCols columns at a time:
+// panels of 64 columns x 16 rows of 128 bytes, 16-byte chunks swizzled as TMA's 128-byte swizzle
+// (chunk c of row r at c ^ (r % 8): free of bank conflicts both ways). Then
+//   fixed-length batches: one TMA store per panel by the warp's first lane (rows past seqlen_q
+//     are outside the tensor map): the warp goes on while the stores drain (every SM reaching
+//     its epilogue at once made the stores queue: ~7700 clocks a tile at head_dim 256);
+//   varlen: 16-byte stores of row pieces, rows past the sequence predicated off.
+// Either writes whole 32-byte sectors (store_tile's 4-byte stores: 8 rows x 16 bytes a warp
+// store). Private to the warp: __syncwarp and the bulk-group waits are the only synchronization.
+template <class T>
+__device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
+                                                const float (&row_sum)[2], const FwdParams& p,
+                                                const CUtensorMap* map_o, const Tile& tile, int consumer_wg,
+                                                uint8_t* slabs) {
+  constexpr int kChunks = T::kSlabCols / 8;  // 16-byte chunks of a slab row: 16 or 8
+  constexpr int kRowsPerStore = 32 / kChunks;  // rows a warp store covers (varlen)
+  constexpr int kPanelBytes = 16 * 128;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+  uint8_t* slab_ptr = slabs + (consumer_wg * 4 + warp) * 16 * T::kSlabCols * 2;
+  const uint32_t slab = smem_addr(slab_ptr);
+  auto chunk_addr = [&](int r, int c) { return slab + (c / 8) * kPanelBytes + r * 128 + (((c % 8) ^ (r % 8)) << 4); };
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;  // no key seen: o = 0
+  const int32_t row_w = tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * warp;  // first row of the warp
+  const bool tma = FLASHATTN_SM90_TMA_STORE && !p.cu_seqlens_q;
+  const int64_t batch_offset = p.cu_seqlens_q ? 0 : int64_t(tile.batch) * p.o_batch_stride;
+  uint16_t* out = static_cast<uint16_t*>(p.o) + batch_offset + (tile.q_start + row_w) * p.o_row_stride +
+                  int64_t(tile.head) * p.o_head_stride;
+  // stmatrix: matrices (row half i, chunk n) for n, n + 1; lane l addresses row l % 8 of matrix l / 8.
+  const int m = lane / 8, r_lane = lane % 8 + 8 * (m % 2);
+#pragma unroll
+  for (int pass = 0; pass < T::kHeadDim / T::kSlabCols; ++pass) {
+    // The slab is free once the stores before (the tile before's, or the pass before) have read it.
+    if (lane == 0) bulk_wait_group_0<true>();
+    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < kChunks; n += 2) {
+      uint32_t r[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int nn = pass * kChunks + n + j / 2, i = j % 2;
+        r[j] = pack2(o[4 * nn + 2 * i] * inv[i], o[4 * nn + 2 * i + 1] * inv[i], T::kBf16);
+      }
+      stmatrix_x4(chunk_addr(r_lane, n + m / 2), r[0], r[1], r[2], r[3]);
+    }
+    if (tma) fence_proxy_async_shared();  // the stmatrix writes before the TMA unit reads them
+    __syncwarp();
+    if (tma) {
+      if (lane == 0) {
+#pragma unroll
+        for (int c = 0; c < T::kSlabCols / 64; ++c)
+          tma_store_4d(map_o, slab_ptr + c * kPanelBytes, pass * T::kSlabCols + 64 * c, row_w, tile.head, tile.batch);
+        bulk_commit_group();
+      }
+    } else {
+#pragma unroll
+      for (int it = 0; it < 16 / kRowsPerStore; ++it) {
+        const int r = it * kRowsPerStore + lane / kChunks, c = lane % kChunks;
+        const uint4 v = ld_shared_v4(chunk_addr(r, c));
+        if (row_w + r < tile.seqlen_q) st_global_v4(out + r * p.o_row_stride + pass * T::kSlabCols + 8 * c, v);
+      }
+    }
+  }
+  store_lse<T>(row_max, row_sum, p, tile, row_w + lane / 4);
 }
 
 // Barrier ids of the staged epilogue: one per consumer warpgroup (after the ping-pong ids).

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     tma_prefetch_descriptor(&map_q);
     tma_prefetch_descriptor(&map_k);
     tma_prefetch_descriptor(&map_v);
-    if (T::kStagedEpilogue) tma_prefetch_descriptor(&map_o);
+    if (T::kStagedEpilogue || T::kSlabCols > 0) tma_prefetch_descriptor(&map_o);
 #if FLASHATTN_SM90_WATCHDOG
     watchdog_log = p.watchdog;
 #endif
@@ -69,6 +69,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if (store_tile_staged<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg,
                                    smem.q[qs], &smem.q_empty[qs], consumer.trace_count))
             deferred_q_release = qs;
+        } else if constexpr (T::kSlabCols > 0) {
+          store_tile_slab<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg, smem.slab);
         } else {
           store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
         }
@@ -78,6 +80,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // The last TMA store done before the CTA (and its shared memory) goes; no q load follows it,
       // so its buffer needs no release.
       if (deferred_q_release >= 0 && threadIdx.x % 128 == 0) bulk_wait_group_0<false>();
+      if (T::kSlabCols > 0 && threadIdx.x % 32 == 0) bulk_wait_group_0<false>();  // the slabs' stores
     }
     if (consumer_wg == 0) pingpong_wait<T>(consumer_wg);
   }

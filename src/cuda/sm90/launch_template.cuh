@@ -33,9 +33,10 @@ Status launch(const fa_params& p) {
   const int32_t batch_dim = varlen ? 1 : p.batch;
   FA_RETURN_IF_ERROR(make_tensor_map(&map_q, p.q, kBf16, kHeadDim, rows_q, p.num_heads, batch_dim, p.q_row_stride,
                                      p.q_head_stride, p.q_batch_stride, T::kBlockM));
-  // O by TMA stores of 64 rows (a consumer warpgroup's), fixed-length batches only (epilogue.cuh).
+  // O by TMA stores of 64 rows (a consumer warpgroup's, staged epilogue) or 16 (a warp's slab),
+  // fixed-length batches only (epilogue.cuh).
   FA_RETURN_IF_ERROR(make_tensor_map(&map_o, p.o, kBf16, kHeadDim, rows_q, p.num_heads, batch_dim, p.o_row_stride,
-                                     p.o_head_stride, p.o_batch_stride, 64));
+                                     p.o_head_stride, p.o_batch_stride, T::kStagedEpilogue ? 64 : 16));
   // With no keys the maps are never read; they still need a valid address and extent.
   const void* k_ptr = rows_k > 0 ? p.k : p.q;
   const void* v_ptr = rows_k > 0 ? p.v : p.q;
@@ -117,6 +118,7 @@ Status launch(const fa_params& p) {
   fp.num_heads_div = FastDiv(uint32_t(p.num_heads));
 
   constexpr size_t smem_bytes = sizeof(SharedStorage<T>) + 1024;  // + alignment slack
+  static_assert(smem_bytes <= 227 * 1024, "shared memory per CTA");
   auto kernel = fwd_kernel<T>;
   static bool configured[kMaxDevices] = {};
   if (!configured[dev.index]) {
@@ -143,7 +145,9 @@ Status launch(const fa_params& p) {
 //                 above (-2-4% with 128 there). The overlapped tile boundaries (kTileOverlap) are a
 //                 dev switch now (docs/sm90.md, steps 8 and 9).
 //   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
-//                 overlapped tile boundaries 3-8% slower from 1k keys).
+//                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
+//                 (+16-27% at 512 keys, epilogue.cuh); block_n 80 (no room left for the slab)
+//                 non-causal past 8k keys: +3% at 16k, even at 8k, 2-8% slower below.
 template <int kHeadDim, bool kBf16>
 Status run_fwd(const fa_params& p) {
 #if FLASHATTN_SM90_DEV_CONFIG
@@ -161,6 +165,7 @@ Status run_fwd(const fa_params& p) {
     const bool short_keys = p.seqlen_k <= (p.causal ? 4096 : 8192);
     return short_keys ? launch<Traits<128, kBf16, 128, true>>(p) : launch<Traits<128, kBf16, 176, false>>(p);
   } else {
+    if (!p.causal && p.seqlen_k > 8192) return launch<Traits<kHeadDim, kBf16, 80, false>>(p);
     return launch<Traits<kHeadDim, kBf16, 64, false>>(p);
   }
 #endif

@@ -41,6 +41,12 @@
 #endif
 constexpr int kTraceProducer = 3;
 
+// Dev switch: the slab epilogue (Traits::kSlabCols) where it applies; 0: O stored straight from
+// the accumulator registers there.
+#ifndef FLASHATTN_SM90_SLAB_EPILOGUE
+#define FLASHATTN_SM90_SLAB_EPILOGUE 1
+#endif
+
 // Dev switch: the staged epilogue stores O with TMA (fixed-length batches); 0: 16-byte stores.
 #ifndef FLASHATTN_SM90_TMA_STORE
 #define FLASHATTN_SM90_TMA_STORE 1
@@ -129,11 +135,12 @@ struct FwdParams {
 // Tile configuration: block_m = 64 rows of q per consumer warpgroup, block_n keys per step,
 // stages of the k/v ring, two q buffers where they fit. Shared memory: q stages * q + stages *
 // (k + v). The configurations in use (launch_template.cuh picks one per problem):
-//   head_dim 64:  3 consumer warpgroups (block_m 192), block_n 128, 3 stages, 2 q (144 KB); short
-//                 causal: 2 consumer warpgroups, early rescale (128 KB).
-//   head_dim 128: block_n 176, 2 stages, 1 q (208 KB); block_n 128 with the early rescale, 2 q
-//                 (192 KB).
-//   head_dim 256: block_n 64, 2 stages, 1 q (192 KB); O alone is 128 registers a thread.
+//   head_dim 64:  3 consumer warpgroups (block_m 192), block_n 128, 3 stages, 2 q (144 KB) + slabs
+//                 (24 KB); short causal: 2 consumer warpgroups, early rescale (128 KB).
+//   head_dim 128: block_n 176, 2 stages, 1 q (208 KB) + slabs of 64 columns (16 KB); block_n 128
+//                 with the early rescale, 2 q (192 KB).
+//   head_dim 256: block_n 64, 2 stages, 1 q (192 KB) + the epilogue's slabs (32 KB); O alone is
+//                 128 registers a thread. Long non-causal: block_n 80 (224 KB, no slabs).
 // kRescaleEarly: the O rescale runs between the issue of S = q k^T and that of O += P v, while the
 // tensor cores compute S; otherwise after the wait for O += P v (mainloop.cuh).
 // kTileOverlap: the consumer runs its tiles as one stream of key blocks (Consumer::run): the next
@@ -181,6 +188,16 @@ struct Traits {
   // q 32 floats a thread).
   static constexpr bool kQInRegisters =
       FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && kBlockN == 128 && kConsumerWarpgroups == 2;
+  // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
+  // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
+  static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
+  static constexpr int kSlabBytesPerCol = 4 * kConsumerWarpgroups * 16 * 2;  // every consumer warp
+  static constexpr int kSlabCols =
+      !FLASHATTN_SM90_SLAB_EPILOGUE || kStagedEpilogue || kTileOverlap ? 0
+      : kSmemTiles + (kHeadDim < 128 ? kHeadDim : 128) * kSlabBytesPerCol <= kSmemLimit ? (kHeadDim < 128 ? kHeadDim : 128)
+      : kSmemTiles + 64 * kSlabBytesPerCol <= kSmemLimit                 ? 64
+                                                                         : 0;
+  static constexpr int kSlabBytes = kSlabCols * kSlabBytesPerCol;
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");
@@ -194,6 +211,8 @@ struct alignas(1024) SharedStorage {
   uint64_t q_full[T::kQStages], q_empty[T::kQStages];
   uint64_t k_full[T::kStages], k_empty[T::kStages];
   uint64_t v_full[T::kStages], v_empty[T::kStages];
+  // Traits::kSlabCols (epilogue.cuh); TMA stores from it: 1024-byte aligned panels.
+  alignas(T::kSlabBytes > 0 ? 1024 : 16) uint8_t slab[T::kSlabBytes > 0 ? T::kSlabBytes : 16];
 };
 
 }  // namespace flashattn::cuda::sm90
