@@ -57,6 +57,31 @@ __device__ __forceinline__ void store_tile(const float (&o)[T::kHeadDim / 2], co
   store_lse<T>(row_max, row_sum, p, tile, row0);
 }
 
+// 1 / row_sum of the thread's two rows; 0 for a row that saw no key (o = 0).
+__device__ __forceinline__ void inverse_row_sums(const float (&row_sum)[2], float (&inv)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
+}
+
+// O / row_sum of this warp's 16 rows, 16-byte chunks [chunk0, chunk0 + kCount), to shared memory
+// by stmatrix: chunk_addr(r, c) is the address of chunk c - chunk0 of the warp's row r. Matrices
+// (row half i, chunk n) for n, n + 1; lane l addresses row l % 8 of matrix l / 8.
+template <class T, int kCount, class ChunkAddr>
+__device__ __forceinline__ void stmatrix_o(const float (&o)[T::kHeadDim / 2], const float (&inv)[2], int chunk0,
+                                           ChunkAddr chunk_addr) {
+  const int lane = threadIdx.x % 32, m = lane / 8, r_lane = lane % 8 + 8 * (m % 2);
+#pragma unroll
+  for (int n = 0; n < kCount; n += 2) {
+    uint32_t r[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int nn = chunk0 + n + j / 2, i = j % 2;
+      r[j] = pack2(o[4 * nn + 2 * i] * inv[i], o[4 * nn + 2 * i + 1] * inv[i], T::kBf16);
+    }
+    stmatrix_x4(chunk_addr(r_lane, n + m / 2), r[0], r[1], r[2], r[3]);
+  }
+}
+
 // O of this warp's 16 rows through its own slab of shared memory, kSlabCols columns at a time:
 // panels of 64 columns x 16 rows of 128 bytes, 16-byte chunks swizzled as TMA's 128-byte swizzle
 // (chunk c of row r at c ^ (r % 8): free of bank conflicts both ways). Then
@@ -79,30 +104,18 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
   const uint32_t slab = smem_addr(slab_ptr);
   auto chunk_addr = [&](int r, int c) { return slab + (c / 8) * kPanelBytes + r * 128 + (((c % 8) ^ (r % 8)) << 4); };
   float inv[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;  // no key seen: o = 0
+  inverse_row_sums(row_sum, inv);
   const int32_t row_w = tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * warp;  // first row of the warp
   const bool tma = FLASHATTN_SM90_TMA_STORE && !p.cu_seqlens_q;
   const int64_t batch_offset = p.cu_seqlens_q ? 0 : int64_t(tile.batch) * p.o_batch_stride;
   uint16_t* out = static_cast<uint16_t*>(p.o) + batch_offset + (tile.q_start + row_w) * p.o_row_stride +
                   int64_t(tile.head) * p.o_head_stride;
-  // stmatrix: matrices (row half i, chunk n) for n, n + 1; lane l addresses row l % 8 of matrix l / 8.
-  const int m = lane / 8, r_lane = lane % 8 + 8 * (m % 2);
 #pragma unroll
   for (int pass = 0; pass < T::kHeadDim / T::kSlabCols; ++pass) {
     // The slab is free once the stores before (the tile before's, or the pass before) have read it.
     if (lane == 0) bulk_wait_group_0<true>();
     __syncwarp();
-#pragma unroll
-    for (int n = 0; n < kChunks; n += 2) {
-      uint32_t r[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int nn = pass * kChunks + n + j / 2, i = j % 2;
-        r[j] = pack2(o[4 * nn + 2 * i] * inv[i], o[4 * nn + 2 * i + 1] * inv[i], T::kBf16);
-      }
-      stmatrix_x4(chunk_addr(r_lane, n + m / 2), r[0], r[1], r[2], r[3]);
-    }
+    stmatrix_o<T, kChunks>(o, inv, pass * kChunks, chunk_addr);
     if (tma) fence_proxy_async_shared();  // the stmatrix writes before the TMA unit reads them
     __syncwarp();
     if (tma) {
@@ -148,21 +161,8 @@ __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim /
     return base + (c / 8) * T::kQPanelBytes + r * 128 + (((c % 8) ^ (r % 8)) << 4);
   };
   float inv[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;  // no key seen: o = 0
-  // Matrices (row half i, chunk n) for n, n + 1: lane l addresses row l % 8 of matrix l / 8.
-  const int m = lane / 8;
-  const int r_lane = 16 * warp + lane % 8 + 8 * (m % 2);
-#pragma unroll
-  for (int n = 0; n < kChunks; n += 2) {
-    uint32_t r[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int nn = n + j / 2, i = j % 2;
-      r[j] = pack2(o[4 * nn + 2 * i] * inv[i], o[4 * nn + 2 * i + 1] * inv[i], T::kBf16);
-    }
-    stmatrix_x4(chunk_addr(r_lane, n + m / 2), r[0], r[1], r[2], r[3]);
-  }
+  inverse_row_sums(row_sum, inv);
+  stmatrix_o<T, kChunks>(o, inv, 0, [&](int r, int c) { return chunk_addr(16 * warp + r, c); });
   const int32_t row_wg = tile.m_block * T::kBlockM + 64 * consumer_wg;  // first row of the warpgroup
   const bool tma = FLASHATTN_SM90_TMA_STORE && !p.cu_seqlens_q;
   if (tma) fence_proxy_async_shared();  // the stmatrix writes before the TMA unit reads them

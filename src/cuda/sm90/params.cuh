@@ -192,11 +192,11 @@ struct Traits {
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
   static constexpr int kSlabBytesPerCol = 4 * kConsumerWarpgroups * 16 * 2;  // every consumer warp
-  static constexpr int kSlabCols =
-      !FLASHATTN_SM90_SLAB_EPILOGUE || kStagedEpilogue || kTileOverlap ? 0
-      : kSmemTiles + (kHeadDim < 128 ? kHeadDim : 128) * kSlabBytesPerCol <= kSmemLimit ? (kHeadDim < 128 ? kHeadDim : 128)
-      : kSmemTiles + 64 * kSlabBytesPerCol <= kSmemLimit                 ? 64
-                                                                         : 0;
+  static constexpr int kSlabWide = kHeadDim < 128 ? kHeadDim : 128;
+  static constexpr int kSlabCols = !FLASHATTN_SM90_SLAB_EPILOGUE || kStagedEpilogue || kTileOverlap ? 0
+                                   : kSmemTiles + kSlabWide * kSlabBytesPerCol <= kSmemLimit       ? kSlabWide
+                                   : kSmemTiles + 64 * kSlabBytesPerCol <= kSmemLimit              ? 64
+                                                                                                   : 0;
   static constexpr int kSlabBytes = kSlabCols * kSlabBytesPerCol;
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
