@@ -35,6 +35,12 @@ __device__ __forceinline__ void store_lse(const float (&row_max)[2], const float
   }
 }
 
+// 1 / row_sum of the thread's two rows; 0 for a row that saw no key (o = 0).
+__device__ __forceinline__ void inverse_row_sums(const float (&row_sum)[2], float (&inv)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
+}
+
 template <class T>
 __device__ __forceinline__ void store_tile(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
                                            const float (&row_sum)[2], const FwdParams& p, const Tile& tile,
@@ -42,25 +48,20 @@ __device__ __forceinline__ void store_tile(const float (&o)[T::kHeadDim / 2], co
   const int thread = threadIdx.x % 128, lane = threadIdx.x % 32;
   const int32_t row0 = tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
   const int64_t batch_offset = p.cu_seqlens_q ? 0 : int64_t(tile.batch) * p.o_batch_stride;
+  float inv[2];  // a row that saw no key: o = 0, lse = -inf
+  inverse_row_sums(row_sum, inv);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int32_t row = row0 + 8 * i;
     if (row >= tile.seqlen_q) continue;
-    // A row that saw no key: o = 0, lse = -inf.
-    const float inv = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
     uint32_t* out = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + batch_offset +
                                                 (tile.q_start + row) * p.o_row_stride +
                                                 int64_t(tile.head) * p.o_head_stride + 2 * (lane % 4));
 #pragma unroll
-    for (int n = 0; n < T::kHeadDim / 8; ++n) out[4 * n] = pack2(o[4 * n + 2 * i] * inv, o[4 * n + 2 * i + 1] * inv, T::kBf16);
+    for (int n = 0; n < T::kHeadDim / 8; ++n)
+      out[4 * n] = pack2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i], T::kBf16);
   }
   store_lse<T>(row_max, row_sum, p, tile, row0);
-}
-
-// 1 / row_sum of the thread's two rows; 0 for a row that saw no key (o = 0).
-__device__ __forceinline__ void inverse_row_sums(const float (&row_sum)[2], float (&inv)[2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) inv[i] = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
 }
 
 // O / row_sum of this warp's 16 rows, 16-byte chunks [chunk0, chunk0 + kCount), to shared memory
