@@ -56,11 +56,7 @@ Status forward(const fa_params& p, fa_impl impl) {
     case FA_IMPL_CUDA_SM80: return sm80_forward(p);
     case FA_IMPL_CUDA_SM90:
       if (current_sm() != 90) return unsupported("impl flashattn-sm90 needs an sm_90 GPU (H100/H200)");
-      if (!sm90_supports(p))
-        return unsupported("impl flashattn-sm90 does not take this problem (dtype %s, head_dim %d; it needs fp16 or "
-                           "bf16, head_dim 64, 128 or 256, 16-byte aligned pointers and strides, softmax_scale >= 0 unless softcap)",
-                           fa_dtype_name(p.dtype), p.head_dim);
-      return sm90_forward(p);
+      return sm90_forward(p);  // says which problems it does not take
     default: return invalid("impl: %s is not a CUDA implementation", fa_impl_name(impl));
   }
 }

@@ -114,8 +114,10 @@ size_t sm90_forward_workspace(const fa_params&) { return 0; }
 
 Status sm90_forward(const fa_params& p) {
   if (!sm90_supports(p))
-    return unsupported("flashattn-sm90: no kernel for dtype %s, head_dim %d with these strides", fa_dtype_name(p.dtype),
-                       p.head_dim);
+    return unsupported("impl flashattn-sm90 does not take this problem (dtype %s, head_dim %d; it needs fp16 or "
+                       "bf16, head_dim 64, 128 or 256, 16-byte aligned pointers and strides, softmax_scale >= 0 unless "
+                       "softcap, fewer than 2^31 rows)",
+                       fa_dtype_name(p.dtype), p.head_dim);
   const bool bf16 = p.dtype == FA_BFLOAT16;
   switch (p.head_dim) {
 #if FLASHATTN_HDIM_64

@@ -54,8 +54,9 @@ constexpr int kTraceProducer = 3;
 
 // Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
 // choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
-// (128 or 192), 128 (128 or 176) and 256 (64 or 80), where the O rescale runs (Traits::kRescaleEarly), and the
-// overlapped tile boundaries (Traits::kTileOverlap). dev/sm90/run.sh builds its variants with them.
+// (128 or 192), 128 (128 or 176) and 256 (64 or 80), where the O rescale runs
+// (Traits::kRescaleEarly), the overlapped tile boundaries (Traits::kTileOverlap) and the consumer
+// warpgroups at head_dim 64. dev/sm90/run.sh builds its variants with them.
 #if defined(FLASHATTN_SM90_HDIM64_BLOCK_N) || defined(FLASHATTN_SM90_HDIM128_BLOCK_N) || \
     defined(FLASHATTN_SM90_HDIM256_BLOCK_N) || defined(FLASHATTN_SM90_RESCALE_EARLY) ||     \
     defined(FLASHATTN_SM90_TILE_OVERLAP) || defined(FLASHATTN_SM90_HDIM64_CONSUMERS)

@@ -211,8 +211,8 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 
 // Shared-memory staging ------------------------------------------------------------------------
 
-// Four 8x8 b16 matrices from the mma fragment layout (register j: matrix j, row lane / 4, columns
-// 2 (lane % 4), + 1) to shared memory; lane l gives the address of row l % 8 of matrix l / 8.
+// Four 8x8 b16 matrices from shared memory to the mma fragment layout (register j: matrix j, row
+// lane / 4, columns 2 (lane % 4), + 1); lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -220,6 +220,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
                : "memory");
 }
 
+// The reverse: four 8x8 b16 matrices from the mma fragment layout to shared memory, addressed the same way.
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
                "r"(r2), "r"(r3)
