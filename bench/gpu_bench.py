@@ -8,7 +8,8 @@ causal and not, forward and backward; plus the seeds' classic small problem.
 
 Each measurement is one JSON line: impl, pass, dtype, batch, heads, seqlen_q, seqlen_k,
 head_dim, causal, ms, tflops, device, date (+ max_abs_diff vs torch's math/flash output, and
-peak extra memory for the classic problem).
+peak extra memory for the classic problem); and the card's cuBLAS matmul ceiling before and after
+the sweep (problem "ceiling").
 
 usage: python3 bench/gpu_bench.py --lib build/libflashattn.so --out results.jsonl [--quick]
 """
@@ -175,6 +176,16 @@ def classic(lib, device, date):
     return rows
 
 
+def ceiling(device, date, when):
+    """The card's matrix-product ceiling as ANCHORS.md measures it (cuBLAS bf16 8192^3): the same
+    chip model reads 680-800 TFLOP/s from card to card (power limit, temperature)."""
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = do_bench(lambda: torch.matmul(a, b), warmup=25, rep=200, return_mode="median")
+    return [dict(problem="ceiling", when=when, impl="cublas-matmul", **{"pass": "gemm"}, dtype="bf16", m=n, n=n, k=n,
+                 ms=ms, tflops=2.0 * n**3 / ms / 1e9, device=device, date=date)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", default="build/libflashattn.so")
@@ -189,7 +200,7 @@ def main():
     date = datetime.date.today().isoformat()
     impls = args.impls.split(",")
     seqlens = [2048, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
-    rows = classic(lib, device, date)
+    rows = ceiling(device, date, "before") + classic(lib, device, date)
     dims = [int(x) for x in args.head_dims.split(",")]
     for d, heads, passes in ((64, 32, "fwd,bwd"), (128, 16, "fwd,bwd"), (256, 8, "fwd")):
         passes = ",".join(x for x in passes.split(",") if x in args.passes.split(","))
@@ -200,6 +211,8 @@ def main():
                 rows += bench_case(lib, impls, 16384 // s, heads, s, d, causal, passes, device, date)
                 last = [r for r in rows if r["seqlen_q"] == s and r["head_dim"] == d and r["causal"] == causal]
                 print(" ".join(f"{r['impl']}/{r['pass']}={r['tflops']:.0f}" for r in last), flush=True)
+    rows += ceiling(device, date, "after")
+    print(" ".join(f"ceiling ({r['when']}) {r['tflops']:.0f}" for r in rows if r.get("problem") == "ceiling"))
     with open(args.out, "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")

@@ -15,6 +15,36 @@ def listed(env, x):
     return not v or str(x) in v.split(",")
 
 
+def timed_ms(run):
+    """As the harness: ~200 ms of calls first (clocks at their loaded level whatever ran before),
+    then the median of 15 x 5 calls back to back."""
+    w0, w1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    w0.record()
+    run()
+    w1.record()
+    torch.cuda.synchronize()
+    for _ in range(max(3, int(200 / max(w0.elapsed_time(w1), 1e-3)))):
+        run()
+    ts = []
+    for _ in range(15):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(5):
+            run()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) / 5)
+    return sorted(ts)[len(ts) // 2]
+
+
+def ceiling():
+    """The card's matrix-product ceiling (ANCHORS.md's: cuBLAS bf16 8192^3), timed the same way."""
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = timed_ms(lambda: torch.matmul(a, b))
+    print(f"{'cublas':<10} {'-':>5} {n:>6} {1:>4} {0:>3} {'-':>7} {ms:>10.4f} {2.0 * n**3 / ms / 1e9:>8.1f}", flush=True)
+
+
 def main():
     print(f"{'variant':<10} {'hdim':>5} {'seqlen':>6} {'bat':>4} {'cau':>3} {'heads':>7} {'ms':>10} {'TFLOP/s':>8}")
     for d in (64, 128, 256):
@@ -27,33 +57,16 @@ def main():
                            for _ in range(3))
                 try:
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-                        # As the harness: ~200 ms of calls first (clocks at their loaded level
-                        # whatever ran before), then 15 x 5 calls back to back.
-                        w0, w1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        w0.record()
-                        run()
-                        w1.record()
-                        torch.cuda.synchronize()
-                        for _ in range(max(3, int(200 / max(w0.elapsed_time(w1), 1e-3)))):
-                            run()
-                        ts = []
-                        for _ in range(15):
-                            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                            e0.record()
-                            for _ in range(5):
-                                run()
-                            e1.record()
-                            torch.cuda.synchronize()
-                            ts.append(e0.elapsed_time(e1) / 5)
+                        ms = timed_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)))
                 except RuntimeError as e:
                     print(f"cudnn d={d} seqlen={seqlen} causal={causal}: {str(e).splitlines()[0]}", flush=True)
                     continue
-                ms = sorted(ts)[len(ts) // 2]
                 flops = 4.0 * b * h * seqlen * seqlen * d / (2 if causal else 1)
                 print(f"{'cudnn':<10} {d:>5} {seqlen:>6} {b:>4} {causal:>3} {h:>7} {ms:>10.4f} {flops / ms / 1e9:>8.1f}",
                       flush=True)
 
 
 if __name__ == "__main__":
+    ceiling()
     main()
+    ceiling()

@@ -295,6 +295,7 @@ static std::vector<Case> check_cases(bool small) {
         // Two or three tiles per CTA (more tiles than SMs): the persistent loop's tile boundaries.
         if (dt == FA_BFLOAT16) add({dt, d, 1, 130, 200, 140, 20, 1, -1, -1, 0.f, false, false, true, {}, {}});
         if (dt == FA_BFLOAT16 && d == 64) add({dt, d, 1, 100, 2100, 140, 20, 0, -1, -1, 0.f, false, false, true, {}, {}});
+        if (dt == FA_BFLOAT16 && d == 64) add({dt, d, 1, 1100, 1100, 2, 1, 1, -1, -1, 0.f, false, false, true, {}, {}});
         continue;
       }
       add({dt, d, 2, 384, 384, 4, 4, 0, -1, -1, 0.f, false, false, true, {}, {}});
@@ -327,6 +328,12 @@ static std::vector<Case> check_cases(bool small) {
       // boundaries); few rows per tile keep the CPU reference short.
       if (d == 64) add({dt, d, 1, 20, 2100, 140, 20, 0, -1, -1, 0.f, false, false, true, {}, {}});
       if (d == 64 && dt == FA_BFLOAT16) add({dt, d, 1, 3, 8300, 136, 8, 1, -1, -1, 0.f, false, false, true, {}, {}});
+      // Causal past 1k rows (head_dim 64: 3 serial warpgroups, block_n 192), with varlen, softcap, window.
+      if (d == 64) {
+        add({dt, d, 2, 1500, 1700, 4, 2, 1, -1, -1, 0.f, false, false, true, {}, {}});
+        add({dt, d, 4, 0, 0, 6, 2, 1, -1, -1, 15.f, true, false, true, {1100, 0, 1300, 7}, {1200, 50, 1300, 900}});
+        add({dt, d, 1, 1500, 1700, 4, 2, 1, 250, -1, 30.f, false, false, true, {}, {}});
+      }
       // Long key ranges: the tile configurations for many key blocks (launch_template.cuh).
       add({dt, d, 1, 130, 8300, 2, 1, 0, -1, -1, 0.f, false, false, true, {}, {}});
       add({dt, d, 1, 300, 8300, 2, 1, 1, -1, -1, 0.f, false, false, true, {}, {}});

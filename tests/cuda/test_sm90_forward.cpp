@@ -51,11 +51,20 @@ std::vector<Case> sm90_forward_cases() {
       }
     }
     // Causal with many query rows: head_dim 64 past 1k rows runs 3 consumer warpgroups (192-row
-    // tiles), and from 8k rows (4k at head_dim 128) the tiles go longest first over all heads.
+    // tiles, block_n 192, serial GEMMs), and from 8k rows (4k at head_dim 128) the tiles go longest first over all heads.
     Case c;
     c.dtype = dt, c.head_dim = 64, c.batch = 2, c.seqlen_q = 1500, c.seqlen_k = 1700, c.num_heads = 4;
     c.num_heads_kv = 2, c.causal = true;
     out.push_back(c);
+    // The same configuration (its longest sequence past 1k rows) with varlen, a window, softcap.
+    Case v;
+    v.dtype = dt, v.head_dim = 64, v.num_heads = 6, v.num_heads_kv = 2, v.causal = true, v.softcap = 15.f;
+    v.seqlens_q = {1100, 0, 1300, 7}, v.seqlens_k = {1200, 50, 1300, 900};
+    v.batch = 4, v.seqlen_q = 1300, v.seqlen_k = 1300;
+    out.push_back(v);
+    c.window_left = 250, c.softcap = 30.f;
+    out.push_back(c);
+    c.window_left = -1, c.softcap = 0.f;
     if (dt == FA_BFLOAT16) {
       c.batch = 1, c.seqlen_q = c.seqlen_k = 8200, c.num_heads = c.num_heads_kv = 1;
       out.push_back(c);

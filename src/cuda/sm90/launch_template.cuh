@@ -138,12 +138,13 @@ Status launch(const fa_params& p) {
 //                 wait: +8-15% non-causal at every seqlen, +3-10% causal at 2k-4k over 2 warpgroups
 //                 (either block_n); short causal (up to 1k rows: 192-row tiles waste more on the
 //                 diagonal, 5-10% slower) and single-tile problems keep 2 warpgroups with block_n
-//                 128 and the early rescale (docs/sm90.md, step 9).
-//   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue) up to seqlen_k 8k
-//                 (non-causal, +2-6%) / 4k (causal: +4-7% over the overlapped tile boundaries up to
-//                 2k, +5% over block_n 176 at 4k); block_n 176 with the rescale after the wait
-//                 above (-2-4% with 128 there). The overlapped tile boundaries (kTileOverlap) are a
-//                 dev switch now (docs/sm90.md, steps 8 and 9).
+//                 128 and the early rescale (docs/sm90.md, step 9). Causal past 1k rows: the 3
+//                 warpgroups with serial GEMMs and block_n 192, +3-10% at 2k-16k (step 13).
+//   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue) up to seqlen_k 2k
+//                 non-causal, 4k causal; above, 3 consumer warpgroups with serial GEMMs and
+//                 block_n 128: +1.5-2% non-causal at 4k-16k and +3-5% causal at 8k over the
+//                 2-warpgroup kernels (block_n 128 and 176), 5-25% slower at shorter lengths
+//                 (docs/sm90.md, steps 6, 8, 9, 13).
 //   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
 //                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
 //                 (+16-27% at 512 keys, epilogue.cuh); block_n 80 (no room left for the slab)
@@ -154,16 +155,19 @@ Status run_fwd(const fa_params& p) {
   constexpr int kBlockN = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_BLOCK_N
                           : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_BLOCK_N
                                             : FLASHATTN_SM90_HDIM256_BLOCK_N;
-  constexpr int kConsumers = kHeadDim == 64 ? FLASHATTN_SM90_HDIM64_CONSUMERS : 2;
+  constexpr int kConsumers = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_CONSUMERS
+                             : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_CONSUMERS
+                                               : 2;
   return launch<Traits<kHeadDim, kBf16, kBlockN, bool(FLASHATTN_SM90_RESCALE_EARLY),
-                       bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers>>(p);
+                       bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers, FLASHATTN_SM90_SERIAL && kConsumers == 3>>(p);
 #else
   if constexpr (kHeadDim == 64) {
     if (p.seqlen_q <= 128 || (p.causal && p.seqlen_q <= 1024)) return launch<Traits<64, kBf16, 128, true>>(p);
+    if (p.causal) return launch<Traits<64, kBf16, 192, false, false, 3, true>>(p);
     return launch<Traits<64, kBf16, 128, false, false, 3>>(p);
   } else if constexpr (kHeadDim == 128) {
-    const bool short_keys = p.seqlen_k <= (p.causal ? 4096 : 8192);
-    return short_keys ? launch<Traits<128, kBf16, 128, true>>(p) : launch<Traits<128, kBf16, 176, false>>(p);
+    const bool short_keys = p.seqlen_k <= (p.causal ? 4096 : 2048);
+    return short_keys ? launch<Traits<128, kBf16, 128, true>>(p) : launch<Traits<128, kBf16, 128, false, false, 3, true>>(p);
   } else {
     if (!p.causal && p.seqlen_k > 8192) return launch<Traits<kHeadDim, kBf16, 80, false>>(p);
     return launch<Traits<kHeadDim, kBf16, 64, false>>(p);

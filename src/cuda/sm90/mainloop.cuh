@@ -458,6 +458,37 @@ struct Consumer {
     uint32_t prev_phase = pipe.phase;
     pipe.advance();
 
+    // Serial steady state (Traits::kSerial): O += P v of block n + 1 alone, then S of block n
+    // alone and its softmax; the other consumer warpgroups' GEMMs fill the tensor cores meanwhile.
+    // O, S and P are never live together (64 + 64 floats a thread at head_dim 128, block_n 128).
+    if constexpr (T::kSerial) {
+      for (n = n_end - 2; n >= n_begin; --n) {
+        SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
+        mbar_wait(&smem.v_full[prev_stage], prev_phase);
+        wgmma_fence();
+        issue_pv(pa, smem.v[prev_stage]);
+        wgmma_wait<0>();
+        fence_registers(o);
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);
+        if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
+        mbar_wait(&smem.k_full[pipe.index], pipe.phase);
+        wgmma_fence();
+        issue_s(smem.k[pipe.index]);
+        wgmma_wait<0>();
+        fence_registers(s);
+        if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
+        if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
+        mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
+        online_softmax(s, p.score_scale_log2, corr);
+        rescale_o(corr);
+        to_a_operand(s, pa);
+        prev_stage = pipe.index;
+        prev_phase = pipe.phase;
+        pipe.advance();
+      }
+    } else {
+
     // Steady state: S of block n and O += P v of block n + 1 in flight together.
     for (n = n_end - 2; n >= n_begin; --n) {
       SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
@@ -481,6 +512,7 @@ struct Consumer {
       prev_stage = pipe.index;
       prev_phase = pipe.phase;
       pipe.advance();
+    }
     }
 
     // The last O += P v.

@@ -59,10 +59,17 @@ constexpr int kTraceProducer = 3;
 // warpgroups at head_dim 64. dev/sm90/run.sh builds its variants with them.
 #if defined(FLASHATTN_SM90_HDIM64_BLOCK_N) || defined(FLASHATTN_SM90_HDIM128_BLOCK_N) || \
     defined(FLASHATTN_SM90_HDIM256_BLOCK_N) || defined(FLASHATTN_SM90_RESCALE_EARLY) ||     \
-    defined(FLASHATTN_SM90_TILE_OVERLAP) || defined(FLASHATTN_SM90_HDIM64_CONSUMERS)
+    defined(FLASHATTN_SM90_TILE_OVERLAP) || defined(FLASHATTN_SM90_HDIM64_CONSUMERS) ||      \
+    defined(FLASHATTN_SM90_HDIM128_CONSUMERS) || defined(FLASHATTN_SM90_SERIAL)
 #define FLASHATTN_SM90_DEV_CONFIG 1
 #ifndef FLASHATTN_SM90_HDIM64_CONSUMERS
 #define FLASHATTN_SM90_HDIM64_CONSUMERS 2
+#endif
+#ifndef FLASHATTN_SM90_HDIM128_CONSUMERS
+#define FLASHATTN_SM90_HDIM128_CONSUMERS 2
+#endif
+#ifndef FLASHATTN_SM90_SERIAL
+#define FLASHATTN_SM90_SERIAL 0
 #endif
 #ifndef FLASHATTN_SM90_HDIM64_BLOCK_N
 #define FLASHATTN_SM90_HDIM64_BLOCK_N 128
@@ -137,9 +144,11 @@ struct FwdParams {
 // stages of the k/v ring, two q buffers where they fit. Shared memory: q stages * q + stages *
 // (k + v). The configurations in use (launch_template.cuh picks one per problem):
 //   head_dim 64:  3 consumer warpgroups (block_m 192), block_n 128, 3 stages, 2 q (144 KB) + slabs
-//                 (24 KB); short causal: 2 consumer warpgroups, early rescale (128 KB).
-//   head_dim 128: block_n 176, 2 stages, 1 q (208 KB) + slabs of 64 columns (16 KB); block_n 128
-//                 with the early rescale, 2 q (192 KB).
+//                 (24 KB); causal past 1k rows: the same with serial GEMMs and block_n 192 (192 KB
+//                 + slabs of 24 KB); short causal: 2 consumer warpgroups, early rescale (128 KB).
+//   head_dim 128: block_n 128 with the early rescale, 2 q (192 KB); long: 3 consumer warpgroups
+//                 with serial GEMMs, block_n 128, 2 stages, 2 q (224 KB), O stored from registers.
+//                 (block_n 176, 1 q (208 KB) + slabs of 64 columns: a dev configuration now.)
 //   head_dim 256: block_n 64, 2 stages, 1 q (192 KB) + the epilogue's slabs (32 KB); O alone is
 //                 128 registers a thread. Long non-causal: block_n 80 (224 KB, no slabs).
 // kRescaleEarly: the O rescale runs between the issue of S = q k^T and that of O += P v, while the
@@ -149,10 +158,12 @@ struct FwdParams {
 // the S after it computes; otherwise tile by tile (Consumer::run_tile, then the epilogue). Not
 // dispatched since step 9 (measured slower than tile by tile with the staged epilogue); a dev
 // switch (FLASHATTN_SM90_TILE_OVERLAP).
-// kConsumers: consumer warpgroups (3: more warps to hide the softmax behind, at 160 registers
-// each instead of 240; ping-pong needs 2).
+// kConsumers: consumer warpgroups (3: more warps to hide the softmax behind; ping-pong needs 2).
+// With 3, ptxas allocates 128 registers a thread, not the 160 of setmaxnreg: it allocates for the
+// launch bound (512 threads; 4 warps share each sub-partition's 16K registers).
+// kSerial: with 3 consumer warpgroups, each runs S = q k^T, the softmax and O += P v in turn.
 template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_, bool kTileOverlap_ = false,
-          int kConsumers_ = 2>
+          int kConsumers_ = 2, bool kSerial_ = false>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kBf16 = kBf16_;
@@ -163,6 +174,11 @@ struct Traits {
   static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr bool kPingPong = FLASHATTN_SM90_PINGPONG && kConsumerWarpgroups == 2;
+  // Each consumer warpgroup runs its GEMMs one at a time (no overlap inside the warpgroup; the
+  // other two warpgroups' GEMMs overlap its softmax): S and P are not live beside the next S,
+  // which lets block_n grow (head_dim 64: 192) within 128 registers.
+  static constexpr bool kSerial = kSerial_;
+  static_assert(!kSerial || (kConsumerWarpgroups == 3 && !kTileOverlap_), "serial: tile by tile, 3 warpgroups");
   static constexpr int kProducerRegs = 24;
   // 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 <= 64K registers
   static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
