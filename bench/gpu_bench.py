@@ -209,7 +209,7 @@ def main():
         for causal in (False, True):
             for s in seqlens:
                 rows += bench_case(lib, impls, 16384 // s, heads, s, d, causal, passes, device, date)
-                last = [r for r in rows if r["seqlen_q"] == s and r["head_dim"] == d and r["causal"] == causal]
+                last = [r for r in rows if r.get("seqlen_q") == s and r.get("head_dim") == d and r.get("causal") == causal]
                 print(" ".join(f"{r['impl']}/{r['pass']}={r['tflops']:.0f}" for r in last), flush=True)
     rows += ceiling(device, date, "after")
     print(" ".join(f"ceiling ({r['when']}) {r['tflops']:.0f}" for r in rows if r.get("problem") == "ceiling"))
