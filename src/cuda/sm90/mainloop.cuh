@@ -6,7 +6,9 @@
 //   consumer:  issue S(n) and O += P(n+1) v(n+1) -> wait S(n), free k -> softmax(n)
 //              -> wait O, free v -> rescale O, P(n) to registers -> issue S(n-1), O += P(n) v(n) ...
 // With Traits::kRescaleEarly the rescale of O moves between the issue of S(n-1) and that of
-// O += P(n) v(n), off the path from the wait for O to the next issue.
+// O += P(n) v(n), off the path from the wait for O to the next issue. With Traits::kSerial (3
+// consumer warpgroups) each warpgroup runs O += P(n+1) v(n+1), S(n) and softmax(n) in turn, and
+// the other two warpgroups' GEMMs keep the tensor cores busy meanwhile.
 //
 // Key blocks run from the last to the first, so the blocks that need element masking (the
 // diagonal for causal, the end of the sequence) come first.
@@ -460,7 +462,7 @@ struct Consumer {
 
     // Serial steady state (Traits::kSerial): O += P v of block n + 1 alone, then S of block n
     // alone and its softmax; the other consumer warpgroups' GEMMs fill the tensor cores meanwhile.
-    // O, S and P are never live together (64 + 64 floats a thread at head_dim 128, block_n 128).
+    // Only O and S (or P) are live (64 + 64 floats a thread at head_dim 128, block_n 128).
     if constexpr (T::kSerial) {
       for (n = n_end - 2; n >= n_begin; --n) {
         SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
@@ -488,31 +490,30 @@ struct Consumer {
         pipe.advance();
       }
     } else {
-
-    // Steady state: S of block n and O += P v of block n + 1 in flight together.
-    for (n = n_end - 2; n >= n_begin; --n) {
-      SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
-      mbar_wait(&smem.k_full[pipe.index], pipe.phase);
-      mbar_wait(&smem.v_full[prev_stage], prev_phase);
-      pingpong_wait<T>(consumer_wg);
-      wgmma_fence();
-      issue_s(smem.k[pipe.index]);
-      if constexpr (T::kRescaleEarly) rescale_between_issues(corr);
-      issue_pv(pa, smem.v[prev_stage]);
-      pingpong_pass<T>(consumer_wg);
-      wgmma_wait<1>();  // S is done; O += P v may still run
-      fence_registers(s);
-      if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
-      if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
-      mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
-      online_softmax(s, p.score_scale_log2, corr);
-      wait_pv_after_softmax(smem, s, corr, pa, pipe, prev_stage, signals);
-      if constexpr (!T::kRescaleEarly) rescale_o(corr);
-      to_a_operand(s, pa);
-      prev_stage = pipe.index;
-      prev_phase = pipe.phase;
-      pipe.advance();
-    }
+      // Steady state: S of block n and O += P v of block n + 1 in flight together.
+      for (n = n_end - 2; n >= n_begin; --n) {
+        SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
+        mbar_wait(&smem.k_full[pipe.index], pipe.phase);
+        mbar_wait(&smem.v_full[prev_stage], prev_phase);
+        pingpong_wait<T>(consumer_wg);
+        wgmma_fence();
+        issue_s(smem.k[pipe.index]);
+        if constexpr (T::kRescaleEarly) rescale_between_issues(corr);
+        issue_pv(pa, smem.v[prev_stage]);
+        pingpong_pass<T>(consumer_wg);
+        wgmma_wait<1>();  // S is done; O += P v may still run
+        fence_registers(s);
+        if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
+        if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
+        mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
+        online_softmax(s, p.score_scale_log2, corr);
+        wait_pv_after_softmax(smem, s, corr, pa, pipe, prev_stage, signals);
+        if constexpr (!T::kRescaleEarly) rescale_o(corr);
+        to_a_operand(s, pa);
+        prev_stage = pipe.index;
+        prev_phase = pipe.phase;
+        pipe.advance();
+      }
     }
 
     // The last O += P v.

@@ -55,8 +55,9 @@ constexpr int kTraceProducer = 3;
 // Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
 // choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
 // (128 or 192), 128 (128 or 176) and 256 (64 or 80), where the O rescale runs
-// (Traits::kRescaleEarly), the overlapped tile boundaries (Traits::kTileOverlap) and the consumer
-// warpgroups at head_dim 64. dev/sm90/run.sh builds its variants with them.
+// (Traits::kRescaleEarly), the overlapped tile boundaries (Traits::kTileOverlap), the consumer
+// warpgroups at head_dim 64 and 128 and, with 3, serial GEMMs (Traits::kSerial). dev/sm90/run.sh
+// builds its variants with them.
 #if defined(FLASHATTN_SM90_HDIM64_BLOCK_N) || defined(FLASHATTN_SM90_HDIM128_BLOCK_N) || \
     defined(FLASHATTN_SM90_HDIM256_BLOCK_N) || defined(FLASHATTN_SM90_RESCALE_EARLY) ||     \
     defined(FLASHATTN_SM90_TILE_OVERLAP) || defined(FLASHATTN_SM90_HDIM64_CONSUMERS) ||      \
@@ -178,7 +179,8 @@ struct Traits {
   // other two warpgroups' GEMMs overlap its softmax): S and P are not live beside the next S,
   // which lets block_n grow (head_dim 64: 192) within 128 registers.
   static constexpr bool kSerial = kSerial_;
-  static_assert(!kSerial || (kConsumerWarpgroups == 3 && !kTileOverlap_), "serial: tile by tile, 3 warpgroups");
+  static_assert(!kSerial || (kConsumerWarpgroups == 3 && !kTileOverlap_ && !kRescaleEarly_),
+                "serial: tile by tile, 3 warpgroups, O rescaled right after each softmax");
   static constexpr int kProducerRegs = 24;
   // 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 <= 64K registers
   static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
