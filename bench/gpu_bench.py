@@ -178,7 +178,8 @@ def classic(lib, device, date):
 
 def ceiling(device, date, when):
     """The card's matrix-product ceiling as ANCHORS.md measures it (cuBLAS bf16 8192^3): the same
-    chip model reads 680-800 TFLOP/s from card to card (power limit, temperature)."""
+    chip model read 671-794 TFLOP/s in our runs, from card to card and as a card heats (its power
+    limit)."""
     n = 8192
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     ms = do_bench(lambda: torch.matmul(a, b), warmup=25, rep=200, return_mode="median")

@@ -71,6 +71,19 @@ std::vector<Case> sm90_forward_cases() {
       c.head_dim = 128, c.seqlen_q = 4200, c.seqlen_k = 4300, c.num_heads = 2;
       out.push_back(c);
     }
+    // Head_dim 128 past 2k keys, 4k causal (3 consumer warpgroups, serial GEMMs) with varlen, a
+    // window, softcap.
+    Case w;
+    w.dtype = dt, w.head_dim = 128, w.num_heads = 4, w.num_heads_kv = 2, w.window_left = 500, w.softcap = 20.f;
+    w.seqlens_q = {300, 0, 2500, 1}, w.seqlens_k = {3000, 100, 2600, 2200};
+    w.batch = 4, w.seqlen_q = 2500, w.seqlen_k = 3000;
+    out.push_back(w);
+    if (dt == FA_BFLOAT16) {
+      w.num_heads = 2, w.num_heads_kv = 1, w.window_left = -1, w.softcap = 0.f, w.causal = true;
+      w.seqlens_q = {4200, 3, 0}, w.seqlens_k = {4400, 4300, 10};
+      w.batch = 3, w.seqlen_q = 4200, w.seqlen_k = 4400;
+      out.push_back(w);
+    }
   }
   return out;
 }

@@ -143,7 +143,7 @@ Status launch(const fa_params& p) {
 //   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue) up to seqlen_k 2k
 //                 non-causal, 4k causal; above, 3 consumer warpgroups with serial GEMMs and
 //                 block_n 128: +1.5-2% non-causal at 4k-16k and +3-5% causal at 8k over the
-//                 2-warpgroup kernels (block_n 128 and 176), 5-25% slower at shorter lengths
+//                 2-warpgroup kernels (block_n 128 and 176), 8-25% slower at shorter lengths
 //                 (docs/sm90.md, steps 6, 8, 9, 13).
 //   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
 //                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
