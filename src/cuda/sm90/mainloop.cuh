@@ -462,8 +462,12 @@ struct Consumer {
 
     // Serial steady state (Traits::kSerial): O += P v of block n + 1 alone, then S of block n
     // alone and its softmax; the other consumer warpgroups' GEMMs fill the tensor cores meanwhile.
-    // Only O and S (or P) are live (64 + 64 floats a thread at head_dim 128, block_n 128).
+    // Only O and S (or P) are live (64 + 64 floats a thread at head_dim 128, block_n 128): the
+    // rows' key ranges are recomputed in the rare blocks that need a mask (mask_block), only the
+    // range of plain blocks stays live across the loop.
     if constexpr (T::kSerial) {
+      TileWork w{tile, n_begin, n_end, 0, 0};
+      plain_blocks(tile, mask, w);
       for (n = n_end - 2; n >= n_begin; --n) {
         SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
         mbar_wait(&smem.v_full[prev_stage], prev_phase);
@@ -481,7 +485,7 @@ struct Consumer {
         fence_registers(s);
         if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
         if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
-        mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
+        mask_block(s, p, w, n, consumer_wg);
         online_softmax(s, p.score_scale_log2, corr);
         rescale_o(corr);
         to_a_operand(s, pa);
@@ -539,6 +543,17 @@ struct Consumer {
     }
   }
 
+  // The key blocks [plain_begin, plain_end) of a tile that need no mask: keys every row of the
+  // tile sees, cut at the sequence's end.
+  __device__ __forceinline__ static void plain_blocks(const Tile& tile, const Mask& mask, TileWork& w) {
+    const int64_t tile_row0 = int64_t(tile.m_block) * T::kBlockM;
+    const int64_t tile_row1 = min(tile_row0 + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
+    const int64_t inner_begin = mask.key_begin(tile_row1);
+    const int64_t inner_end = min(mask.key_end(tile_row0), int64_t(tile.seqlen_k));
+    w.plain_begin = int32_t(min((inner_begin + kN - 1) / kN, int64_t(INT32_MAX)));
+    w.plain_end = int32_t(inner_end / kN);
+  }
+
   // The persistent loop with the tile boundaries overlapped (Traits::kTileOverlap) -------------
 
   // This CTA's next tile from round `round` on, planned (no waits); false when none is left.
@@ -547,13 +562,7 @@ struct Consumer {
     const Tile& tile = w.tile;
     const Mask mask = tile_mask<T>(tile, p);
     key_block_range<T::kBlockM, kN>(tile, mask, w.n_begin, w.n_end);
-    // Keys every row of the tile sees, cut at the sequence's end: whole blocks inside need no mask.
-    const int64_t tile_row0 = int64_t(tile.m_block) * T::kBlockM;
-    const int64_t tile_row1 = min(tile_row0 + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
-    const int64_t inner_begin = mask.key_begin(tile_row1);
-    const int64_t inner_end = min(mask.key_end(tile_row0), int64_t(tile.seqlen_k));
-    w.plain_begin = int32_t(min((inner_begin + kN - 1) / kN, int64_t(INT32_MAX)));
-    w.plain_end = int32_t(inner_end / kN);
+    plain_blocks(tile, mask, w);
     return true;
   }
 
