@@ -46,15 +46,10 @@ if has python && [ -f bindings/torch/tests/run.sh ]; then
 fi
 if has bench; then
   quick=${QUICK:+--quick}
-  # SM clock, power and throttle reasons through the benchmark (the H100s lent run at their power limit).
-  nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active \
-    --format=csv,noheader,nounits -lms 500 >"$OUT/clocks.log" 2>&1 &
-  smi=$!
+  smi=$(scripts/gpu_clocks.sh start "$OUT/clocks.log")  # the clock and power through the benchmark
   run_stage bench python3 bench/gpu_bench.py --lib build/libflashattn.so --out "$OUT/h100.json" $quick || true
   kill $smi 2>/dev/null
-  awk -F', ' '$1 >= 1000 {print $1}' "$OUT/clocks.log" | sort -n | awk '{c[NR] = $1}
-    END {if (NR) printf "bench: SM clock under load q1/median/q3 %d/%d/%d MHz (%d samples)\n", c[int(NR/4)+1], c[int(NR/2)+1], c[int(3*NR/4)+1], NR}' |
-    tee -a "$summary"
+  echo "bench: $(scripts/gpu_clocks.sh summary "$OUT/clocks.log")" | tee -a "$summary"
   python3 bench/report.py "$OUT/h100.json" --md "$OUT/h100.md" >/dev/null 2>&1 && cat "$OUT/h100.md" | tee -a "$summary"
 fi
 echo "== summary"; grep -v '^|' "$summary"

@@ -69,10 +69,7 @@ for step in $STEPS; do
         echo "check $name: $(tail -1 "$OUT/check_$name.log")"; grep FAIL "$OUT/check_$name.log" | head -5
       done ;;
     bench)
-      # The SM clock and power through the timed runs (the card's loaded clock sets the ceiling).
-      nvidia-smi --query-gpu=clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active \
-        --format=csv,noheader,nounits -lms 500 > "$OUT/clocks.log" 2>&1 &
-      smi=$!
+      smi=$(scripts/gpu_clocks.sh start "$OUT/clocks.log")  # the clock and power through the timed runs
       for round in 1 2; do
         list=("${VARIANTS[@]}")
         [ $round = 2 ] && list=($(printf '%s\n' "${VARIANTS[@]}" | tac | tr ' ' '~'))
@@ -87,11 +84,7 @@ for step in $STEPS; do
                <(awk 'NF==8 {print $1":"$2":"$3":"$5, $8}' "$OUT/bench_round2.log" | sort) |
         tr ':' ' ' | sort -k2,2n -k4,4n -k3,3n -k1,1 | tee "$OUT/bench_table.log"
       kill $smi
-      # Samples with the SM busy (clock >= 1000 MHz): clock and power quartiles, throttle reasons.
-      awk -F', ' '$1 >= 1000 {print $1, $2, $3, $4}' "$OUT/clocks.log" | sort -n | awk '
-        {c[NR] = $1; p[NR] = $2; lim = $3; r[$4]++}
-        END {if (NR) {printf "bench clocks (MHz) q1/median/q3 %d/%d/%d of %d samples; power limit %s W; throttle:", c[int(NR/4)+1], c[int(NR/2)+1], c[int(3*NR/4)+1], NR, lim;
-             for (k in r) printf " %s x%d", k, r[k]; print ""}}' | tee -a "$OUT/device.log" ;;
+      echo "bench: $(scripts/gpu_clocks.sh summary "$OUT/clocks.log")" | tee -a "$OUT/device.log" ;;
     cudnn) timeout 90 python3 dev/sm90/cudnn_bench.py 2>&1 | tee "$OUT/cudnn.log" ;;
     sass)
       cuobjdump -sass $B/default/fwd_hdim128_bf16.o > "$OUT/sass_default_128.txt" 2>&1
