@@ -103,7 +103,7 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
   const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
   uint8_t* slab_ptr = slabs + (consumer_wg * 4 + warp) * 16 * T::kSlabCols * 2;
   const uint32_t slab = smem_addr(slab_ptr);
-  auto chunk_addr = [&](int r, int c) { return slab + (c / 8) * kPanelBytes + r * 128 + (((c % 8) ^ (r % 8)) << 4); };
+  auto chunk_addr = [&](int r, int c) { return swizzled_chunk(slab, kPanelBytes, r, c); };
   float inv[2];
   inverse_row_sums(row_sum, inv);
   const int32_t row_w = tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * warp;  // first row of the warp
@@ -158,9 +158,7 @@ __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim /
   constexpr int kChunks = T::kHeadDim / 8;  // 16-byte chunks of a row
   const int thread = threadIdx.x % 128, lane = threadIdx.x % 32, warp = thread / 32;
   const uint32_t base = smem_addr(q_tile) + consumer_wg * 64 * 128;
-  auto chunk_addr = [&](int r, int c) {  // row r of the warpgroup, chunk c
-    return base + (c / 8) * T::kQPanelBytes + r * 128 + (((c % 8) ^ (r % 8)) << 4);
-  };
+  auto chunk_addr = [&](int r, int c) { return swizzled_chunk(base, T::kQPanelBytes, r, c); };  // r: of the warpgroup
   float inv[2];
   inverse_row_sums(row_sum, inv);
   stmatrix_o<T, kChunks>(o, inv, 0, [&](int r, int c) { return chunk_addr(16 * warp + r, c); });

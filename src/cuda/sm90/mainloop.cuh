@@ -200,11 +200,11 @@ struct Consumer {
   __device__ __forceinline__ static void load_q_fragments(uint32_t (&qa)[kD / 16][4], const uint8_t* q_rows) {
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     const int row = 16 * warp + lane % 16;
-    const uint32_t row_addr = smem_addr(q_rows) + row * 128;
+    const uint32_t q_addr = smem_addr(q_rows);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const int chunk = 2 * (kk % 4) + lane / 16;
-      ldmatrix_x4(row_addr + (kk / 4) * T::kQPanelBytes + ((chunk ^ (row % 8)) * 16), qa[kk]);
+      ldmatrix_x4(swizzled_chunk(q_addr, T::kQPanelBytes, row, 8 * (kk / 4) + chunk), qa[kk]);
     }
   }
 

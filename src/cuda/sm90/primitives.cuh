@@ -211,6 +211,13 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 
 // Shared-memory staging ------------------------------------------------------------------------
 
+// Address of 16-byte chunk c of row r in a tile laid out as TMA's 128-byte swizzle writes it:
+// panels of 64 columns (8 chunks) panel_bytes apart, rows of 128 bytes; chunk c % 8 of row r sits
+// at c % 8 ^ r % 8 (8-row atoms).
+__device__ __forceinline__ uint32_t swizzled_chunk(uint32_t base, int panel_bytes, int r, int c) {
+  return base + (c / 8) * panel_bytes + r * 128 + (((c % 8) ^ (r % 8)) << 4);
+}
+
 // Four 8x8 b16 matrices from shared memory to the mma fragment layout (register j: matrix j, row
 // lane / 4, columns 2 (lane % 4), + 1); lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
