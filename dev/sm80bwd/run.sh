@@ -14,8 +14,9 @@ DIMS="32 64 96 128 192 256"
 BASE="-std=c++20 -O3 -arch=sm_$ARCH --expt-relaxed-constexpr -lineinfo"
 FLAGS="$BASE -Iinclude -Isrc"
 for d in $DIMS; do FLAGS="$FLAGS -DFLASHATTN_HDIM_$d=1"; done
-# name:head_dim:{head_dim,block_m,block_n,warps,stages,split_d,chunk_m,ctas_per_sm,layout}, no spaces
-# (layout 1: the 2D-warp-tile kernel of bwd_kernel_2d.cuh)
+# name:head_dim:{head_dim,block_m,block_n,warps,stages,split_d,chunk_m,ctas_per_sm,layout}[:flags], no spaces
+# (layout 1: the 2D-warp-tile kernel of bwd_kernel_2d.cuh); flags: compiler defines joined by commas,
+# e.g. -DFLASHATTN_BWD_DQ_SWIZZLE=1,-DFLASHATTN_BWD_ROTATE_Q=1 (the kernels' dev switches)
 VARIANTS=${VARIANTS:-"L0_128:128:{128,64,128,8,2,1,64,1,0} L0_64:64:{64,128,128,8,2,1,32,1,0}"}
 
 throttle() { while [ "$(jobs -r | wc -l)" -ge 16 ]; do sleep 0.2; done; }
@@ -28,12 +29,13 @@ for f in dev/sm80bwd/bwd_dev.cu src/cuda/sm80/bwd_launch.cu src/cuda/sm80/bwd_hd
   throttle
 done
 for v in $VARIANTS; do
-  name=${v%%:*}; rest=${v#*:}; d=${rest%%:*}; cfg=${rest#*:}
+  name=${v%%:*}; rest=${v#*:}; d=${rest%%:*}; cfg=${rest#*:}; flags=""
+  case "$cfg" in *"}:"*) flags=${cfg#*\}:}; flags=${flags//,/ }; cfg=${cfg%%\}:*}"}" ;; esac
   vd="$B/var_$name"
   mkdir -p "$vd/cuda/sm80"
   sed -E "s/^( *)\{$d, +[0-9, ]*\}/\1$cfg/" src/cuda/sm80/bwd_config.cuh >"$vd/cuda/sm80/bwd_config.cuh"
   for f in src/cuda/sm80/bwd_launch.cu src/cuda/sm80/bwd_hdim${d}_bf16.cu src/cuda/sm80/bwd_hdim${d}_fp16.cu; do
-    nvcc $BASE -I"$vd" -Iinclude -Isrc -DFLASHATTN_HDIM_$d=1 -Xptxas -v -c "$f" -o "$vd/$(basename "$f").o" \
+    nvcc $BASE $flags -I"$vd" -Iinclude -Isrc -DFLASHATTN_HDIM_$d=1 -Xptxas -v -c "$f" -o "$vd/$(basename "$f").o" \
       >"$vd/$(basename "$f").log" 2>&1 &
     throttle
   done

@@ -103,6 +103,11 @@ struct Bwd2dTraits {
   // S^T, dP^T of a warp's 32 x kSCols tile in passes of at most 32 query columns: at 64 columns
   // (head_dim 64, block_m 128) both in registers beside dK, dV made ptxas spill 120 bytes.
   static constexpr int kSPasses = kSCols > 32 ? kSCols / 32 : 1, kSPassCols = kSCols / kSPasses;
+  // P^T, dS^T stored at one per-thread offset and compile-time XOR / add steps (bwd_main_2d_kernel)
+  // instead of the swizzled offset per fragment: +5% at head_dim 64 (two passes: ~100 fewer integer
+  // instructions a warp and iteration); at head_dim 128 (one pass) 0-4% slower, ptxas then spills 4
+  // bytes (dev/sm80bwd/NOTES.md, session 9).
+  static constexpr bool kXorStores = kSPasses > 1;
   // dQ: kDqWarpsM warps over the queries (32 each) x kDqWarpsD over head_dim.
   static constexpr int kDqWarpsM = kBlockM / 32, kDqWarpsD = kWarps / kDqWarpsM, kDqCols = kHeadDim / kDqWarpsD;
   using TileKV = SmemTile<kBlockN, kHeadDim>;  // K_j, V_j
@@ -277,17 +282,40 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
         if (need_mask || p.softcap > 0.f) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
         else probs_and_grads<false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, false);
       }
+      if constexpr (Tr::kXorStores) {
+        // Byte offset of (key0 + g, sqp + 2t) in P^T; the other fragments' offsets differ by constants:
+        // rows + 8 and + 16 keep the swizzle (row % 8), and the n8 tiles' units only in the low bits that
+        // nt sets (sqp is a multiple of the pass's power-of-two count of units): one XOR, no index math.
+        static_assert(TileP::kChunk % Tr::kSPassCols == 0 && is_pow2(Tr::kSPassCols / 8), "XOR-able n8 tiles");
+        const uint32_t st0 = uint32_t(2 * TileP::offset(key0 + g, sqp) + 4 * t);
+        char* const p_bytes = reinterpret_cast<char*>(sP);
+        char* const ds_bytes = reinterpret_cast<char*>(sDs);
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
+        for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int nt = 0; nt < 2 * kSNp; ++nt) {
-          const int row = key0 + mi * 16 + g, col = sqp + nt * 8;
-          *reinterpret_cast<uint32_t*>(sP + TileP::offset(row, col) + 2 * t) = pack2<T>(s[mi][nt][0], s[mi][nt][1]);
-          *reinterpret_cast<uint32_t*>(sP + TileP::offset(row + 8, col) + 2 * t) = pack2<T>(s[mi][nt][2], s[mi][nt][3]);
-          *reinterpret_cast<uint32_t*>(sDs + TileP::offset(row, col) + 2 * t) = pack2<T>(dp[mi][nt][0], dp[mi][nt][1]);
-          *reinterpret_cast<uint32_t*>(sDs + TileP::offset(row + 8, col) + 2 * t) =
-              pack2<T>(dp[mi][nt][2], dp[mi][nt][3]);
-        }
+          for (int nt = 0; nt < 2 * kSNp; ++nt) {
+            const uint32_t off = (st0 ^ uint32_t(nt << 4)) + uint32_t(2 * mi * 16 * TileP::kChunk);
+            constexpr uint32_t kRow8 = 2 * 8 * TileP::kChunk;
+            *reinterpret_cast<uint32_t*>(p_bytes + off) = pack2<T>(s[mi][nt][0], s[mi][nt][1]);
+            *reinterpret_cast<uint32_t*>(p_bytes + off + kRow8) = pack2<T>(s[mi][nt][2], s[mi][nt][3]);
+            *reinterpret_cast<uint32_t*>(ds_bytes + off) = pack2<T>(dp[mi][nt][0], dp[mi][nt][1]);
+            *reinterpret_cast<uint32_t*>(ds_bytes + off + kRow8) = pack2<T>(dp[mi][nt][2], dp[mi][nt][3]);
+          }
+      } else {
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int nt = 0; nt < 2 * kSNp; ++nt) {
+            const int row = key0 + mi * 16 + g, col = sqp + nt * 8;
+            *reinterpret_cast<uint32_t*>(sP + TileP::offset(row, col) + 2 * t) = pack2<T>(s[mi][nt][0], s[mi][nt][1]);
+            *reinterpret_cast<uint32_t*>(sP + TileP::offset(row + 8, col) + 2 * t) =
+                pack2<T>(s[mi][nt][2], s[mi][nt][3]);
+            *reinterpret_cast<uint32_t*>(sDs + TileP::offset(row, col) + 2 * t) =
+                pack2<T>(dp[mi][nt][0], dp[mi][nt][1]);
+            *reinterpret_cast<uint32_t*>(sDs + TileP::offset(row + 8, col) + 2 * t) =
+                pack2<T>(dp[mi][nt][2], dp[mi][nt][3]);
+          }
+      }
     }
     bulk_wait_read();  // the last iteration's dQ reductions have read sDq (long done: issued an iteration ago)
     __syncthreads();  // P^T, dS^T complete; sDq free

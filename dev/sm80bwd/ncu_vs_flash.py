@@ -1,0 +1,23 @@
+"""One backward call each of torch's flash kernel (FlashAttention-2) and flashattn-sm80, head_dim 64
+and 128 at 16k non-causal (the standard sweep's shapes), for Nsight Compute to profile side by side
+(dev/sm80bwd/ncu_vs_flash.sh)."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import fa_ctypes as fa  # noqa: E402
+import gpu_bench as gb  # noqa: E402
+
+lib = fa.load(sys.argv[1] if len(sys.argv) > 1 else "build/libflashattn.so")
+for d in (64, 128):
+    shape = (1, 16384, 2048 // d, d)
+    q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+    out = gb.torch_fwd(gb.SDPBackend.FLASH_ATTENTION, qq, kk, vv, False)
+    out.backward(dout)
+    ours = gb.Ours(lib, "flashattn-sm80", q, k, v, False)
+    ours.prepare_backward(dout)
+    ours.backward()
+    torch.cuda.synchronize()
