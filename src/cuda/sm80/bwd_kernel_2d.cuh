@@ -105,8 +105,8 @@ struct Bwd2dTraits {
   static constexpr int kSPasses = kSCols > 32 ? kSCols / 32 : 1, kSPassCols = kSCols / kSPasses;
   // P^T, dS^T stored at one per-thread offset and compile-time XOR / add steps (bwd_main_2d_kernel)
   // instead of the swizzled offset per fragment: +5% at head_dim 64 (two passes: ~100 fewer integer
-  // instructions a warp and iteration); at head_dim 128 (one pass) 0-4% slower, ptxas then spills 4
-  // bytes (dev/sm80bwd/NOTES.md, session 9).
+  // instructions a warp and iteration); at head_dim 128 (one pass) ptxas then spills (4 bytes; 72
+  // with the kernel's incremental tile offsets) and it measured 0-4% slower (dev/sm80bwd/NOTES.md).
   static constexpr bool kXorStores = kSPasses > 1;
   // dQ: kDqWarpsM warps over the queries (32 each) x kDqWarpsD over head_dim.
   static constexpr int kDqWarpsM = kBlockM / 32, kDqWarpsD = kWarps / kDqWarpsM, kDqCols = kHeadDim / kDqWarpsD;
@@ -158,15 +158,21 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   const int m_range = i_end - i_begin, num_iters = p.group * m_range;
   load_kv_block<T, kBlockN, kHeadDim, kThreads>(sK, sV, p, seq, n0, head_kv);
 
-  // Q_i, dO_i, lse_i, D_i of query head h, q-block m_block into buffer buf. Whole tiles of a vectorized
-  // problem (all but the last q-block) take load_whole_tile.
+  // Element offsets of the next q-block's Q and dO tiles: one q-block further each iteration (a
+  // constant step), recomputed only at a change of head (the 64-bit index math of every iteration
+  // was ~45 instructions a warp, ncu).
+  int64_t q_off = 0, do_off = 0;
+  auto tile_offsets = [&](int h, int m_block) {
+    q_off = bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m_block * kBlockM, h);
+    do_off = bwd_offset(seq, seq.q_start, p.do_batch_stride, p.do_row_stride, p.do_head_stride, m_block * kBlockM, h);
+  };
+  // Q_i, dO_i, lse_i, D_i of query head h, q-block m_block (at q_off, do_off) into buffer buf. Whole
+  // tiles of a vectorized problem (all but the last q-block) take load_whole_tile.
   const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
   auto load_q_block = [&](int h, int m_block, int buf) {
     const int m0 = m_block * kBlockM;
-    const T* q_tile = static_cast<const T*>(p.q) +
-                      bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, h);
-    const T* do_tile = static_cast<const T*>(p.dout) +
-                       bwd_offset(seq, seq.q_start, p.do_batch_stride, p.do_row_stride, p.do_head_stride, m0, h);
+    const T* q_tile = static_cast<const T*>(p.q) + q_off;
+    const T* do_tile = static_cast<const T*>(p.dout) + do_off;
     if (whole_head_dim && m0 + kBlockM <= seqlen_q) {
       load_whole_tile<T, kBlockM, kHeadDim, kThreads>(smem_addr(sQ + buf * TileQ::kElements), q_tile, p.q_row_stride);
       load_whole_tile<T, kBlockM, kHeadDim, kThreads>(smem_addr(sDo + buf * TileQ::kElements), do_tile, p.do_row_stride);
@@ -181,8 +187,33 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   // Iteration it: query head head_kv * group + it / m_range, q-block i_begin + it % m_range, kept as
   // two counters (h, m_block) and their successors (h_next, m_next) instead of divisions.
   int h = head_kv * p.group, m_block = i_begin;
+  tile_offsets(h, m_block);
   if (num_iters > 0) load_q_block(h, m_block, 0);
   cp_async_commit();
+
+  // The q-blocks [plain_begin, plain_end) see every key of this k-block, unmasked, and are whole:
+  // block_band's test per q-block, once per CTA. Its three conditions are monotone in the q-block
+  // (key_end(m0) >= n1 from some block on; key_begin(last row) <= n0 and the block whole up to some
+  // block), so the plain blocks are one range, found by two binary searches (per iteration the test
+  // was ~60 uniform-datapath instructions a warp, ncu).
+  int plain_begin = i_begin, plain_end = i_begin;
+  if (n1 <= seqlen_k) {
+    int lo = i_begin, hi = i_end;  // first block with key_end(m0) >= n1
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (mask.key_end(int64_t(mid) * kBlockM) >= n1) hi = mid;
+      else lo = mid + 1;
+    }
+    plain_begin = lo;
+    hi = i_end;  // first block from there that is partial or has key_begin(last row) > n0
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      const int last = min((mid + 1) * kBlockM, seqlen_q) - 1;
+      if ((mid + 1) * kBlockM > seqlen_q || mask.key_begin(last) > n0) hi = mid;
+      else lo = mid + 1;
+    }
+    plain_end = lo;
+  }
 
   // Warp tiles: keys key0 .. key0 + 31 of S^T, dP^T (query columns sq0 ..) and of dK, dV (head_dim
   // columns kv_d0 ..); dQ rows dq_m0 .. dq_m0 + 31, columns dq_d0 ...
@@ -227,6 +258,8 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     issue_pending_dq();
     const bool next_head = m_block + 1 == i_end;
     const int h_next = next_head ? h + 1 : h, m_next = next_head ? i_begin : m_block + 1;
+    if (next_head) tile_offsets(h_next, m_next);
+    else q_off += int64_t(kBlockM) * p.q_row_stride, do_off += int64_t(kBlockM) * p.do_row_stride;
     if (it + 1 < num_iters) load_q_block(h_next, m_next, buf ^ 1);
     cp_async_commit();
 
@@ -234,9 +267,12 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     const uint32_t q_buf = buf * TileQ::kBytes;  // + the Q / dO cursors: this iteration's tiles
 
     // Boundary blocks: visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (block coordinates).
-    const BlockBand bb = block_band<kBlockM>(mask, seqlen_q, seqlen_k, n0, n1, m0);
-    const bool need_mask = bb.need_mask;
-    const int band_lo = bb.lo, band_hi = bb.hi;
+    const bool need_mask = m_block < plain_begin || m_block >= plain_end;
+    int band_lo = -(1 << 30), band_hi = 1 << 30;
+    if (need_mask) {
+      const BlockBand bb = block_band<kBlockM>(mask, seqlen_q, seqlen_k, n0, n1, m0);
+      band_lo = bb.lo, band_hi = bb.hi;
+    }
     const int rows_k = seqlen_k - n0, cols_q = seqlen_q - m0;
 
     // S^T = K Q_i^T and dP^T = V dO_i^T on the warp's 32 keys x kSCols queries, in passes of
