@@ -71,8 +71,8 @@ std::vector<Case> sm90_forward_cases() {
       c.head_dim = 128, c.seqlen_q = 4200, c.seqlen_k = 4300, c.num_heads = 2;
       out.push_back(c);
     }
-    // Head_dim 128 past 2k keys, 4k causal (3 consumer warpgroups, serial GEMMs) with varlen, a
-    // window, softcap.
+    // Head_dim 128 past 2k keys (3 consumer warpgroups, serial GEMMs) with varlen, a window,
+    // softcap; causal with 2k-4k keys (serial since session 9).
     Case w;
     w.dtype = dt, w.head_dim = 128, w.num_heads = 4, w.num_heads_kv = 2, w.window_left = 500, w.softcap = 20.f;
     w.seqlens_q = {300, 0, 2500, 1}, w.seqlens_k = {3000, 100, 2600, 2200};
@@ -84,6 +84,10 @@ std::vector<Case> sm90_forward_cases() {
       w.batch = 3, w.seqlen_q = 4200, w.seqlen_k = 4400;
       out.push_back(w);
     }
+    Case cz;
+    cz.dtype = dt, cz.head_dim = 128, cz.causal = true, cz.batch = 1, cz.num_heads = 4, cz.num_heads_kv = 2;
+    cz.seqlen_q = 2600, cz.seqlen_k = 3001;
+    out.push_back(cz);
   }
   return out;
 }

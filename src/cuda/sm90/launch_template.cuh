@@ -140,11 +140,11 @@ Status launch(const fa_params& p) {
 //                 diagonal, 5-10% slower) and single-tile problems keep 2 warpgroups with block_n
 //                 128 and the early rescale (docs/sm90.md, step 9). Causal past 1k rows: the 3
 //                 warpgroups with serial GEMMs and block_n 192, +3-10% at 2k-16k (step 13).
-//   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue) up to seqlen_k 2k
-//                 non-causal, 4k causal; above, 3 consumer warpgroups with serial GEMMs and
-//                 block_n 128: +1.5-2% non-causal at 4k-16k and +3-5% causal at 8k over the
-//                 2-warpgroup kernels (block_n 128 and 176), 8-25% slower at shorter lengths
-//                 (docs/sm90.md, steps 6, 8, 9, 13).
+//   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue) up to seqlen_k 2k;
+//                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
+//                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
+//                 kernels (block_n 128 and 176), 8-25% slower at shorter lengths (docs/sm90.md,
+//                 steps 6, 8, 9, 13).
 //   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
 //                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
 //                 (+16-27% at 512 keys, epilogue.cuh); block_n 80 (no room left for the slab)
@@ -166,7 +166,7 @@ Status run_fwd(const fa_params& p) {
     if (p.causal) return launch<Traits<64, kBf16, 192, false, false, 3, true>>(p);
     return launch<Traits<64, kBf16, 128, false, false, 3>>(p);
   } else if constexpr (kHeadDim == 128) {
-    const bool short_keys = p.seqlen_k <= (p.causal ? 4096 : 2048);
+    const bool short_keys = p.seqlen_k <= 2048;
     return short_keys ? launch<Traits<128, kBf16, 128, true>>(p) : launch<Traits<128, kBf16, 128, false, false, 3, true>>(p);
   } else {
     if (!p.causal && p.seqlen_k > 8192) return launch<Traits<kHeadDim, kBf16, 80, false>>(p);
