@@ -15,8 +15,9 @@ BASE="-std=c++20 -O3 -arch=sm_$ARCH --expt-relaxed-constexpr -lineinfo"
 FLAGS="$BASE -Iinclude -Isrc"
 for d in $DIMS; do FLAGS="$FLAGS -DFLASHATTN_HDIM_$d=1"; done
 # name:head_dim:{head_dim,block_m,block_n,warps,stages,split_d,chunk_m,ctas_per_sm,layout}[:flags], no spaces
-# (layout 1: the 2D-warp-tile kernel of bwd_kernel_2d.cuh); flags: compiler defines joined by commas,
-# e.g. -DFLASHATTN_BWD_DQ_SWIZZLE=1,-DFLASHATTN_BWD_ROTATE_Q=1 (the kernels' dev switches)
+# (layout 1: the 2D-warp-tile kernel of bwd_kernel_2d.cuh); flags: compiler defines joined by commas
+# (a dev switch of the kernel under test, e.g. -DMY_SWITCH=1,-DOTHER=2). A variant with the table's
+# line and no flags is the control: variants' processes read 2-3% under the table's (NOTES.md).
 VARIANTS=${VARIANTS:-"L0_128:128:{128,64,128,8,2,1,64,1,0} L0_64:64:{64,128,128,8,2,1,32,1,0}"}
 
 throttle() { while [ "$(jobs -r | wc -l)" -ge 16 ]; do sleep 0.2; done; }

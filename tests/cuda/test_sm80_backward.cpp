@@ -29,6 +29,15 @@ std::vector<Case> sm80_backward_cases() {
     c = make_case(dt, 1, 260, 260, 8, 1, 64);  // MQA: one CTA sums dK, dV over 8 query heads
     c.window_left = 70, c.window_right = 0;
     out.push_back(c);
+    // Windows wider than a block over many q-blocks: a k-block's unmasked q-blocks lie between
+    // masked ones on both sides (found once per CTA by binary search); GQA moves between heads.
+    for (int d : {64, 128}) {
+      c = make_case(dt, 1, 700, 700, 4, 2, d);
+      c.window_left = 300, c.window_right = 200;
+      out.push_back(c);
+      c.window_right = -1, c.causal = true;
+      out.push_back(c);
+    }
     c = make_case(dt, 1, 1, 1, 2, 2, 128);  // one key: dS = 0 exactly, dq, dk are rounding noise of D
     out.push_back(c);
     c = make_case(dt, 1, 40, 0, 2, 2, 64);  // no keys: dq = 0

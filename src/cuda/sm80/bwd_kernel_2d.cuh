@@ -104,9 +104,9 @@ struct Bwd2dTraits {
   // (head_dim 64, block_m 128) both in registers beside dK, dV made ptxas spill 120 bytes.
   static constexpr int kSPasses = kSCols > 32 ? kSCols / 32 : 1, kSPassCols = kSCols / kSPasses;
   // P^T, dS^T stored at one per-thread offset and compile-time XOR / add steps (bwd_main_2d_kernel)
-  // instead of the swizzled offset per fragment: +5% at head_dim 64 (two passes: ~100 fewer integer
-  // instructions a warp and iteration); at head_dim 128 (one pass) ptxas then spills (4 bytes; 72
-  // with the kernel's incremental tile offsets) and it measured 0-4% slower (dev/sm80bwd/NOTES.md).
+  // instead of the swizzled offset per fragment (~110 integer instructions a warp and iteration at
+  // head_dim 64, ncu): +5% at head_dim 64 (two passes). At head_dim 128 (one pass) ptxas spills with
+  // it (72 bytes beside the incremental tile offsets) and it gained nothing (dev/sm80bwd/NOTES.md).
   static constexpr bool kXorStores = kSPasses > 1;
   // dQ: kDqWarpsM warps over the queries (32 each) x kDqWarpsD over head_dim.
   static constexpr int kDqWarpsM = kBlockM / 32, kDqWarpsD = kWarps / kDqWarpsM, kDqCols = kHeadDim / kDqWarpsD;
