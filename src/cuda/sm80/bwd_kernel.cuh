@@ -171,15 +171,26 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
 
 // ---------------------------------------------------------------------------------------------
 // The q-blocks that see key block [n0, n1): a contiguous range [i_begin, i_end), since the visible
-// key range of a row grows with the row.
+// key range of a row grows with the row. Both ends by binary search (a scan from block 0 was
+// n_block steps of serial uniform code at the start of every CTA of a long causal problem).
 template <int kBlockM>
 __device__ __forceinline__ void bwd_q_block_range(const Mask& mask, int seqlen_q, int n0, int n1, int& i_begin,
                                                   int& i_end) {
   const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
-  i_begin = 0;
-  while (i_begin < num_m && mask.key_end(min((i_begin + 1) * kBlockM, seqlen_q) - 1) <= n0) ++i_begin;
-  i_end = i_begin;
-  while (i_end < num_m && mask.key_begin(int64_t(i_end) * kBlockM) < n1) ++i_end;
+  int lo = 0, hi = num_m;  // the first block whose last row sees a key at or past n0
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (mask.key_end(min((mid + 1) * kBlockM, seqlen_q) - 1) > n0) hi = mid;
+    else lo = mid + 1;
+  }
+  i_begin = lo;
+  hi = num_m;  // from there, the first block whose first row sees no key before n1
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (mask.key_begin(int64_t(mid) * kBlockM) >= n1) hi = mid;
+    else lo = mid + 1;
+  }
+  i_end = lo;
 }
 
 // K_j, V_j (keys n0 .., kv head head_kv) into their resident shared tiles.

@@ -25,6 +25,13 @@ namespace flashattn::sm80 {
 #define FLASHATTN_BWD_BULK_DQ 0
 #endif
 
+#ifndef FLASHATTN_BWD_STAGED_DKDV
+#define FLASHATTN_BWD_STAGED_DKDV 1
+#endif
+#ifndef FLASHATTN_BWD_EXIT_READ
+#define FLASHATTN_BWD_EXIT_READ 1
+#endif
+
 // global[0, bytes) += shared[0, bytes) in fp32, asynchronously (bytes a multiple of 16, both
 // 16-byte aligned); one bulk group per call.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, uint32_t smem, uint32_t bytes) {
@@ -89,6 +96,23 @@ __device__ __forceinline__ void load_whole_tile(uint32_t smem_tile, const T* gme
   for (int j = 0; j < kSteps; ++j)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + j * kRowStep * Tile::kChunk * 2),
                  "l"(src + j * kRowStep * row_stride));
+}
+
+// The reverse of load_whole_tile: rows [0, rows_valid) of a swizzled [kRows][kCols] tile to global
+// memory as 16-byte stores, with the same per-thread split (one 64-bit add per unit, one row test).
+template <class T, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void store_whole_tile(T* gmem_tile, int64_t row_stride, const T* smem_tile, int rows_valid) {
+  using Tile = SmemTile<kRows, kCols>;
+  constexpr int kUnitsPerRow = kCols / 8, kRowStep = kThreads / kUnitsPerRow, kSteps = kRows / kRowStep;
+  static_assert(kThreads % kUnitsPerRow == 0 && kRows % kRowStep == 0 && kRowStep % 8 == 0, "whole-tile split");
+  const int r = threadIdx.x / kUnitsPerRow, c = (threadIdx.x % kUnitsPerRow) * 8;
+  T* dst = gmem_tile + (r * row_stride + c);
+  const T* src = smem_tile + Tile::offset(r, c);
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j)
+    if (r + j * kRowStep < rows_valid)
+      *reinterpret_cast<uint4*>(dst + j * kRowStep * row_stride) =
+          *reinterpret_cast<const uint4*>(src + j * kRowStep * Tile::kChunk);
 }
 
 template <class T, int kHeadDim>
@@ -156,7 +180,20 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   int i_begin, i_end;
   bwd_q_block_range<kBlockM>(mask, seqlen_q, n0, n1, i_begin, i_end);
   const int m_range = i_end - i_begin, num_iters = p.group * m_range;
-  load_kv_block<T, kBlockN, kHeadDim, kThreads>(sK, sV, p, seq, n0, head_kv);
+  const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
+  // K_j, V_j: whole tiles take load_whole_tile (the generic load_tile's per-unit index math was ~40
+  // instructions a unit, 8% of a short causal call's instructions at head_dim 128, ncu).
+  const T* k_tile = static_cast<const T*>(p.k) +
+                    bwd_offset(seq, seq.k_start, p.k_batch_stride, p.k_row_stride, p.k_head_stride, n0, head_kv);
+  const T* v_tile = static_cast<const T*>(p.v) +
+                    bwd_offset(seq, seq.k_start, p.v_batch_stride, p.v_row_stride, p.v_head_stride, n0, head_kv);
+  if (whole_head_dim && n1 <= seqlen_k) {
+    load_whole_tile<T, kBlockN, kHeadDim, kThreads>(smem_addr(sK), k_tile, p.k_row_stride);
+    load_whole_tile<T, kBlockN, kHeadDim, kThreads>(smem_addr(sV), v_tile, p.v_row_stride);
+  } else {
+    load_tile<T, kBlockN, kHeadDim, kThreads>(sK, k_tile, p.k_row_stride, seqlen_k - n0, p.head_dim, vectorized);
+    load_tile<T, kBlockN, kHeadDim, kThreads>(sV, v_tile, p.v_row_stride, seqlen_k - n0, p.head_dim, vectorized);
+  }
 
   // Element offsets of the next q-block's Q and dO tiles: one q-block further each iteration (a
   // constant step), recomputed only at a change of head (the 64-bit index math of every iteration
@@ -168,7 +205,6 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   };
   // Q_i, dO_i, lse_i, D_i of query head h, q-block m_block (at q_off, do_off) into buffer buf. Whole
   // tiles of a vectorized problem (all but the last q-block) take load_whole_tile.
-  const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
   auto load_q_block = [&](int h, int m_block, int buf) {
     const int m0 = m_block * kBlockM;
     const T* q_tile = static_cast<const T*>(p.q) + q_off;
@@ -449,30 +485,58 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     }
     h = h_next, m_block = m_next;
   }
-  if (bulk_dq) {
-    __syncthreads();  // the last q-block's sDq is complete
-    issue_pending_dq();
-    bulk_wait_all();  // shared memory must outlive the reads; the convert kernel reads the sums
-  }
+  cp_async_wait<0>();  // (a k-block that no q-block sees still has K_j, V_j in flight)
+  __syncthreads();     // every warp is done with the loop's tiles (K in dQ = dS K); the last sDq is complete
+  issue_pending_dq();
 
   // dK_j * softmax_scale and dV_j in the dtype (rows past seqlen_k and padded columns dropped).
   T* dk = static_cast<T*>(p.dk) +
           bwd_offset(seq, seq.k_start, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, n0, head_kv);
   T* dv = static_cast<T*>(p.dv) +
           bwd_offset(seq, seq.k_start, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, n0, head_kv);
+  if (FLASHATTN_BWD_STAGED_DKDV && whole_head_dim) {
+    // Through shared memory (over K_j, V_j), then 16-byte pieces of whole rows: 4-byte stores from
+    // the fragments touch 8 rows per warp instruction (dev/sm80bwd/NOTES.md, session 10). The
+    // fragments' offsets: one per thread, the others by compile-time XOR / add steps (rows + 8, + 16
+    // keep row % 8; the n8 tiles differ only in the unit bits the warp's power-of-two column span sets).
+    static_assert(TileKV::kChunk == 64 && Tr::kKvCols <= 64 && is_pow2(Tr::kKvCols / 8), "XOR-able n8 tiles");
+    const uint32_t st0 = uint32_t(TileKV::offset(key0 + g, kv_d0) + 2 * t);
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
+    for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-    for (int nt = 0; nt < 2 * kKvNp; ++nt)
+      for (int nt = 0; nt < 2 * kKvNp; ++nt)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = key0 + mi * 16 + g + 8 * half, col = kv_d0 + nt * 8 + 2 * t;
-        if (n0 + row >= seqlen_k) continue;
-        store2<T>(dk + int64_t(row) * p.dk_row_stride, col, p.head_dim, acc_dk[mi][nt][2 * half] * p.softmax_scale,
-                  acc_dk[mi][nt][2 * half + 1] * p.softmax_scale, vectorized);
-        store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[mi][nt][2 * half],
-                  acc_dv[mi][nt][2 * half + 1], vectorized);
-      }
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t off = (st0 ^ uint32_t(nt * 8)) + uint32_t((mi * 16 + 8 * half) * TileKV::kChunk);
+          *reinterpret_cast<uint32_t*>(sK + off) =
+              pack2<T>(acc_dk[mi][nt][2 * half] * p.softmax_scale, acc_dk[mi][nt][2 * half + 1] * p.softmax_scale);
+          *reinterpret_cast<uint32_t*>(sV + off) = pack2<T>(acc_dv[mi][nt][2 * half], acc_dv[mi][nt][2 * half + 1]);
+        }
+    __syncthreads();
+    store_whole_tile<T, kBlockN, kHeadDim, kThreads>(dk, p.dk_row_stride, sK, seqlen_k - n0);
+    store_whole_tile<T, kBlockN, kHeadDim, kThreads>(dv, p.dv_row_stride, sV, seqlen_k - n0);
+  } else {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < 2 * kKvNp; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = key0 + mi * 16 + g + 8 * half, col = kv_d0 + nt * 8 + 2 * t;
+          if (n0 + row >= seqlen_k) continue;
+          store2<T>(dk + int64_t(row) * p.dk_row_stride, col, p.head_dim, acc_dk[mi][nt][2 * half] * p.softmax_scale,
+                    acc_dk[mi][nt][2 * half + 1] * p.softmax_scale, vectorized);
+          store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[mi][nt][2 * half],
+                    acc_dv[mi][nt][2 * half + 1], vectorized);
+        }
+  }
+  // The dQ reductions must have read sDq before the CTA's shared memory goes; their writes need no
+  // wait (the convert kernel runs after this grid has completed).
+#if FLASHATTN_BWD_EXIT_READ
+  bulk_wait_read();
+#else
+  bulk_wait_all();
+#endif
 }
 
 }  // namespace flashattn::sm80
