@@ -25,13 +25,6 @@ namespace flashattn::sm80 {
 #define FLASHATTN_BWD_BULK_DQ 0
 #endif
 
-#ifndef FLASHATTN_BWD_STAGED_DKDV
-#define FLASHATTN_BWD_STAGED_DKDV 1
-#endif
-#ifndef FLASHATTN_BWD_EXIT_READ
-#define FLASHATTN_BWD_EXIT_READ 1
-#endif
-
 // global[0, bytes) += shared[0, bytes) in fp32, asynchronously (bytes a multiple of 16, both
 // 16-byte aligned); one bulk group per call.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, uint32_t smem, uint32_t bytes) {
@@ -40,15 +33,10 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, uint32_t smem, 
                "cp.async.bulk.commit_group;\n" ::"l"(gmem), "r"(smem), "r"(bytes) : "memory");
 #endif
 }
-// This thread's bulk groups have read their shared memory (.read) / are complete.
+// This thread's bulk groups have read their shared memory (.read).
 __device__ __forceinline__ void bulk_wait_read() {
 #if FLASHATTN_BWD_BULK_DQ
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void bulk_wait_all() {
-#if FLASHATTN_BWD_BULK_DQ
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #endif
 }
 // Orders this thread's ordinary shared-memory writes before later reads by the async (TMA) proxy.
@@ -494,7 +482,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
           bwd_offset(seq, seq.k_start, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, n0, head_kv);
   T* dv = static_cast<T*>(p.dv) +
           bwd_offset(seq, seq.k_start, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, n0, head_kv);
-  if (FLASHATTN_BWD_STAGED_DKDV && whole_head_dim) {
+  if (whole_head_dim) {
     // Through shared memory (over K_j, V_j), then 16-byte pieces of whole rows: 4-byte stores from
     // the fragments touch 8 rows per warp instruction (dev/sm80bwd/NOTES.md, session 10). The
     // fragments' offsets: one per thread, the others by compile-time XOR / add steps (rows + 8, + 16
@@ -532,11 +520,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   }
   // The dQ reductions must have read sDq before the CTA's shared memory goes; their writes need no
   // wait (the convert kernel runs after this grid has completed).
-#if FLASHATTN_BWD_EXIT_READ
   bulk_wait_read();
-#else
-  bulk_wait_all();
-#endif
 }
 
 }  // namespace flashattn::sm80
