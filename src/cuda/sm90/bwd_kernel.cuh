@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   if (bulk_dq) {
     __syncthreads();  // the last q-block's sDq is complete
     issue_pending_dq();
-    bulk_wait_all();  // shared memory must outlive the reads; the convert kernel reads the sums
+    bulk_wait_read();  // shared memory must outlive the reads (the convert kernel runs after the grid)
   }
 
   // dK_j * softmax_scale and dV_j in the dtype (rows past seqlen_k and padded columns dropped).
