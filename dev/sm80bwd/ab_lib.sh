@@ -3,7 +3,7 @@
 # and a control (build-ctrl/, head dims 64 and 128): the sources in CTRL_SRC (e.g. `git archive HEAD`
 # unpacked into an untracked folder), else the working tree, compiled with CTRL_FLAGS (the dev switches
 # of a change off). Runs the sm80 GPU tests on the first (TESTS: gtest filter), then short_profile.py
-# for each build in its own process, beside torch's flash backend (SEQLENS). Logs to $OUT.
+# for each build in its own process, beside torch's flash backend (SEQLENS; PROFILE=0: not). Logs to $OUT.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ab-lib}
@@ -23,6 +23,7 @@ if [ -n "${TESTS:-}" ]; then
   timeout 300 build/tests/flashattn_cuda_tests --gtest_brief=1 --gtest_filter="$TESTS" >"$OUT/tests.log" 2>&1
   echo "tests rc=$?"; tail -n 4 "$OUT/tests.log"
 fi
+[ "${PROFILE:-1}" = 1 ] || exit 0
 for lib in new=build/libflashattn.so ctrl=build-ctrl/libflashattn.so; do
   python3 dev/sm80bwd/short_profile.py "$lib" "${SEQLENS:-512,1024,2048}" 2>&1 | grep -v -i warn >>"$OUT/short_profile.txt"
 done
