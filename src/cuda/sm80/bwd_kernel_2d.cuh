@@ -482,6 +482,16 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
           bwd_offset(seq, seq.k_start, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, n0, head_kv);
   T* dv = static_cast<T*>(p.dv) +
           bwd_offset(seq, seq.k_start, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, n0, head_kv);
+  // f(mi, nt, half) for each of the thread's fp32 pairs of dK and dV: key row key0 + mi * 16 + g + 8 * half,
+  // head_dim columns kv_d0 + nt * 8 + 2t, + 1.
+  auto for_each_kv_pair = [&](auto&& f) {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < 2 * kKvNp; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) f(mi, nt, half);
+  };
   if (whole_head_dim) {
     // Through shared memory (over K_j, V_j), then 16-byte pieces of whole rows: 4-byte stores from
     // the fragments touch 8 rows per warp instruction (dev/sm80bwd/NOTES.md, session 10). The
@@ -489,34 +499,24 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     // keep row % 8; the n8 tiles differ only in the unit bits the warp's power-of-two column span sets).
     static_assert(TileKV::kChunk == 64 && Tr::kKvCols <= 64 && is_pow2(Tr::kKvCols / 8), "XOR-able n8 tiles");
     const uint32_t st0 = uint32_t(TileKV::offset(key0 + g, kv_d0) + 2 * t);
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-      for (int nt = 0; nt < 2 * kKvNp; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint32_t off = (st0 ^ uint32_t(nt * 8)) + uint32_t((mi * 16 + 8 * half) * TileKV::kChunk);
-          *reinterpret_cast<uint32_t*>(sK + off) =
-              pack2<T>(acc_dk[mi][nt][2 * half] * p.softmax_scale, acc_dk[mi][nt][2 * half + 1] * p.softmax_scale);
-          *reinterpret_cast<uint32_t*>(sV + off) = pack2<T>(acc_dv[mi][nt][2 * half], acc_dv[mi][nt][2 * half + 1]);
-        }
+    for_each_kv_pair([&](int mi, int nt, int half) {
+      const uint32_t off = (st0 ^ uint32_t(nt * 8)) + uint32_t((mi * 16 + 8 * half) * TileKV::kChunk);
+      *reinterpret_cast<uint32_t*>(sK + off) =
+          pack2<T>(acc_dk[mi][nt][2 * half] * p.softmax_scale, acc_dk[mi][nt][2 * half + 1] * p.softmax_scale);
+      *reinterpret_cast<uint32_t*>(sV + off) = pack2<T>(acc_dv[mi][nt][2 * half], acc_dv[mi][nt][2 * half + 1]);
+    });
     __syncthreads();
     store_whole_tile<T, kBlockN, kHeadDim, kThreads>(dk, p.dk_row_stride, sK, seqlen_k - n0);
     store_whole_tile<T, kBlockN, kHeadDim, kThreads>(dv, p.dv_row_stride, sV, seqlen_k - n0);
   } else {
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-      for (int nt = 0; nt < 2 * kKvNp; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = key0 + mi * 16 + g + 8 * half, col = kv_d0 + nt * 8 + 2 * t;
-          if (n0 + row >= seqlen_k) continue;
-          store2<T>(dk + int64_t(row) * p.dk_row_stride, col, p.head_dim, acc_dk[mi][nt][2 * half] * p.softmax_scale,
-                    acc_dk[mi][nt][2 * half + 1] * p.softmax_scale, vectorized);
-          store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[mi][nt][2 * half],
-                    acc_dv[mi][nt][2 * half + 1], vectorized);
-        }
+    for_each_kv_pair([&](int mi, int nt, int half) {
+      const int row = key0 + mi * 16 + g + 8 * half, col = kv_d0 + nt * 8 + 2 * t;
+      if (n0 + row >= seqlen_k) return;
+      store2<T>(dk + int64_t(row) * p.dk_row_stride, col, p.head_dim, acc_dk[mi][nt][2 * half] * p.softmax_scale,
+                acc_dk[mi][nt][2 * half + 1] * p.softmax_scale, vectorized);
+      store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[mi][nt][2 * half],
+                acc_dv[mi][nt][2 * half + 1], vectorized);
+    });
   }
   // The dQ reductions must have read sDq before the CTA's shared memory goes; their writes need no
   // wait (the convert kernel runs after this grid has completed).
