@@ -633,6 +633,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
       if (tid == 0) atomicAdd(semaphore, 1);
     }
   }
+  cp_async_wait<0>();  // nothing in flight at exit (a k-block that no q-block sees still loads K_j, V_j)
 
   // dK_j * softmax_scale and dV_j in the dtype (rows past seqlen_k and padded columns dropped).
   T* dk = static_cast<T*>(p.dk) +
