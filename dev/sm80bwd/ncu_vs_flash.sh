@@ -1,8 +1,8 @@
 #!/bin/bash
 # Nsight Compute, side by side: torch's FlashAttention-2 backward kernel and flashattn-sm80's main
 # backward kernel, head_dim 64 and 128 at 16k non-causal (dev/sm80bwd/ncu_vs_flash.py; NCU_SEQLEN and
-# NCU_CAUSAL=1 pick another shape): instruction mix (per opcode), warp stall reasons, pipe utilization, memory, and executed instructions per SASS
-# line. Needs build/libflashattn.so.
+# NCU_CAUSAL=1 pick another shape): instruction mix (per opcode), warp stall reasons, pipe utilization,
+# memory, and executed instructions per SASS line. Needs build/libflashattn.so.
 # Output in $OUT: ncu_vs_flash.txt (details), ncu_vs_flash_ops.txt (per opcode), sass_<i>.csv (the
 # source page of kernel i in launch order: flash d64, ours d64, flash d128, ours d128), vs.ncu-rep.
 set -u
