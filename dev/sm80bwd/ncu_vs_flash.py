@@ -1,6 +1,7 @@
 """One backward call each of torch's flash kernel (FlashAttention-2) and flashattn-sm80, head_dim 64
 and 128 at 16k non-causal (the standard sweep's shapes; NCU_SEQLEN, NCU_CAUSAL=1 for others, 16k
-tokens), for Nsight Compute to profile side by side (dev/sm80bwd/ncu_vs_flash.sh)."""
+tokens; NCU_PASS=fwd: the forward kernels instead), for Nsight Compute to profile side by side
+(dev/sm80bwd/ncu_vs_flash.sh)."""
 import os
 import sys
 
@@ -15,10 +16,15 @@ seqlen, causal = int(os.environ.get("NCU_SEQLEN", 16384)), os.environ.get("NCU_C
 for d in (64, 128):
     shape = (16384 // seqlen, seqlen, 2048 // d, d)
     q, k, v, dout = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
-    out = gb.torch_fwd(gb.SDPBackend.FLASH_ATTENTION, qq, kk, vv, causal)
-    out.backward(dout)
     ours = gb.Ours(lib, "flashattn-sm80", q, k, v, causal)
-    ours.prepare_backward(dout)
-    ours.backward()
+    if os.environ.get("NCU_PASS", "bwd") == "fwd":
+        with torch.no_grad():
+            gb.torch_fwd(gb.SDPBackend.FLASH_ATTENTION, q, k, v, causal)
+        ours.forward()
+    else:
+        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+        out = gb.torch_fwd(gb.SDPBackend.FLASH_ATTENTION, qq, kk, vv, causal)
+        out.backward(dout)
+        ours.prepare_backward(dout)
+        ours.backward()
     torch.cuda.synchronize()

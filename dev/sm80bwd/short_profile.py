@@ -1,7 +1,7 @@
 """Where a short call's time goes: the device time of each kernel of one call (torch.profiler, mean of
 10 calls after warm-up), the sm80 library against torch's flash backend, forward and backward, on the
 standard sweep's short shapes. usage: python3 dev/sm80bwd/short_profile.py LIB[,NAME=LIB...] [seqlens]
-(several libraries: builds of two versions side by side in one process)"""
+(several libraries: builds of two versions side by side in one process). PASSES=fwd or bwd: one pass."""
 import os
 import sys
 from collections import defaultdict
@@ -20,6 +20,7 @@ for i, spec in enumerate((sys.argv[1] if len(sys.argv) > 1 else "build/libflasha
     libs[name or f"lib{i}"] = fa.load(path)
 seqlens = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else [512, 1024, 2048]
 N = 10
+PASSES = os.environ.get("PASSES", "fwd,bwd").split(",")
 
 
 def kernels(fn):
@@ -56,18 +57,21 @@ for d in (64, 128):
             for name, lib in libs.items():
                 impls[name] = gb.Ours(lib, "flashattn-sm80", q, k, v, causal)
                 impls[name].prepare_backward(dout)
-            fwd = {name: show(f"{name} fwd", kernels(ours.forward)) for name, ours in impls.items()}
-            with torch.no_grad():
-                bb = show("flash fwd", kernels(lambda: gb.torch_fwd(SDPBackend.FLASH_ATTENTION, q, k, v, causal)))
-            print("  fwd flash/ours " + "  ".join(f"{n} {bb / a:.3f}" for n, a in fwd.items()))
-            bwd = {name: show(f"{name} bwd", kernels(ours.backward)) for name, ours in impls.items()}
-            qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
-            out = gb.torch_fwd(SDPBackend.FLASH_ATTENTION, qq, kk, vv, causal)
+            if "fwd" in PASSES:
+                fwd = {name: show(f"{name} fwd", kernels(ours.forward)) for name, ours in impls.items()}
+                with torch.no_grad():
+                    bb = show("flash fwd", kernels(lambda: gb.torch_fwd(SDPBackend.FLASH_ATTENTION, q, k, v, causal)))
+                print("  fwd flash/ours " + "  ".join(f"{n} {bb / a:.3f}" for n, a in fwd.items()))
+            if "bwd" in PASSES:
+                bwd = {name: show(f"{name} bwd", kernels(ours.backward)) for name, ours in impls.items()}
+                qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+                out = gb.torch_fwd(SDPBackend.FLASH_ATTENTION, qq, kk, vv, causal)
 
-            def flash_bwd():
-                qq.grad = kk.grad = vv.grad = None
-                out.backward(dout, retain_graph=True)
-            bb = show("flash bwd", kernels(flash_bwd))
-            print("  bwd flash/ours " + "  ".join(f"{n} {bb / a:.3f}" for n, a in bwd.items()))
-            del impls, q, k, v, dout, qq, kk, vv, out
+                def flash_bwd():
+                    qq.grad = kk.grad = vv.grad = None
+                    out.backward(dout, retain_graph=True)
+                bb = show("flash bwd", kernels(flash_bwd))
+                print("  bwd flash/ours " + "  ".join(f"{n} {bb / a:.3f}" for n, a in bwd.items()))
+                del qq, kk, vv, out
+            del impls, q, k, v, dout
             torch.cuda.empty_cache()

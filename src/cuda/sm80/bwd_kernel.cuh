@@ -56,18 +56,6 @@ __device__ __forceinline__ int ld_acquire(const int32_t* p) {
   return v;
 }
 
-// ldmatrix from a 32-bit shared-memory address (mma.cuh's take generic pointers).
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // Byte offsets into a SmemTile for one lane's ldmatrix row address: the lane part (row_t, 8 * unit_t
 // with unit_t 0 or 1) is fixed at construction, the rest (row_c a multiple of 8, col_c a multiple of
 // 16) is added by at(), where it is usually a compile-time constant. Both swizzles of SmemTile depend

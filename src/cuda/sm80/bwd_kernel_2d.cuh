@@ -46,27 +46,6 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 #endif
 }
 
-// One lane's ldmatrix row address in a SmemTile, as a shared-memory byte address: the lane part
-// (row_t, unit_t in {0, 1}) and a per-warp column offset col_w are folded in at construction; at()
-// adds a compile-time (row_c a multiple of 8, col_c a multiple of 16) part. Rows are 64 or 128 bytes
-// and tiles start 128-byte aligned, so the 16-byte unit sits in address bits 4..6 and the swizzled
-// unit (unit_c | unit_w | unit_t) ^ swizzle(row_t) is the lane address XOR (unit_c << 4): one logic op.
-// Needs the unit bits of col_w % chunk, of col_c and unit_t disjoint (power-of-two warp column spans).
-template <int kRows, int kCols>
-struct WarpCursor {
-  using Tile = SmemTile<kRows, kCols>;
-  uint32_t addr;
-  __device__ __forceinline__ WarpCursor(uint32_t tile, int row_t, int unit_t, int col_w) {
-    const int swz = Tile::kUnits == 8 ? (row_t & 7) : ((row_t >> 1) & 3);
-    const int x = unit_t ^ swz ^ ((col_w % Tile::kChunk) / 8);
-    addr = tile + uint32_t(2 * ((col_w / Tile::kChunk) * kRows * Tile::kChunk + row_t * Tile::kChunk) + (x << 4));
-  }
-  __device__ __forceinline__ uint32_t at(int row_c, int col_c) const {
-    const int chunk = col_c / Tile::kChunk, unit = (col_c % Tile::kChunk) / 8;
-    return (addr ^ uint32_t(unit << 4)) + uint32_t(2 * (chunk * kRows + row_c) * Tile::kChunk);
-  }
-};
-
 // cp.async of a whole [kRows][kCols] tile (every row inside the sequence, head_dim == kCols, 16-byte
 // aligned rows): thread tid loads rows tid / kUnitsPerRow + j * kRowStep, 16-byte unit tid % kUnitsPerRow.
 // kRowStep is a multiple of 8 and the swizzle depends only on row % 8, so unit j's shared offset is the

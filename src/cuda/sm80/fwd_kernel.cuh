@@ -168,6 +168,15 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
 
+  // ldmatrix lane addresses (patterns in mma.cuh), one 32-bit shared address per operand: q rows of
+  // this warp (A), k rows (B, [n][k]) and v rows (B, [k][n], .trans) of stage 0. A k-step or an m-,
+  // n- or d-tile is a compile-time XOR / add on it, a stage a constant offset, in place of a
+  // swizzled offset per fragment (H100: +1-4% at head_dim 128, fewer spills; dev/sm80fwd/NOTES.md).
+  const WarpCursor<kBlockM, kHeadDim> cur_q(smem_addr(sq), warp_row0 + lane % 16, lane / 16, 0);
+  const WarpCursor<kBlockN, kHeadDim> cur_k(smem_addr(sk), 8 * (lane / 16) + lane % 8, (lane / 8) % 2, 0);
+  const WarpCursor<kBlockN, kHeadDim> cur_v(smem_addr(sv), 8 * ((lane / 8) % 2) + lane % 8, lane / 16, 0);
+  static_assert(KVTile::kBytes % 128 == 0, "stages keep the 128-byte alignment the cursors need");
+
   const int rows_q = seqlen_q - m0;
   auto load_k = [&](int n_block, int stage) {
     load_tile<kBlockN, kHeadDim, kThreads>(sk + stage * KVTile::kElements, k_head, p.k_row_stride, n_block * kBlockN,
@@ -188,8 +197,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
 
   for (int n_block = n_begin; n_block < n_end; ++n_block) {
     const int stage = kStages == 2 ? (n_block - n_begin) & 1 : 0;
-    const T* sk_j = sk + stage * KVTile::kElements;
-    const T* sv_j = sv + stage * KVTile::kElements;
+    const uint32_t stage_off = stage * KVTile::kBytes;  // k_j, v_j: the cursors' tiles + stage_off
     // Block j has landed (this thread's copies: wait; everyone's: the barrier), and every warp is
     // done with the buffers the next loads overwrite.
     cp_async_wait<0>();
@@ -217,11 +225,11 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
       uint32_t qa[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
-        ldmatrix_x4(qa[mt], sq + QTile::offset(warp_row0 + mt * 16 + lane % 16, kk * 16 + (lane / 16) * 8));
+        ldsm_x4(qa[mt], cur_q.at(mt * 16, kk * 16));
 #pragma unroll
       for (int np = 0; np < kNTiles / 2; ++np) {
         uint32_t kb[4];
-        ldmatrix_x4(kb, sk_j + KVTile::offset(np * 16 + (lane / 16) * 8 + lane % 8, kk * 16 + ((lane / 8) % 2) * 8));
+        ldsm_x4(kb, cur_k.at(np * 16, kk * 16) + stage_off);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           mma_16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -318,7 +326,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
 #pragma unroll
       for (int dp = 0; dp < kDTiles / 2; ++dp) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, sv_j + KVTile::offset(kk * 16 + ((lane / 8) % 2) * 8 + lane % 8, dp * 16 + (lane / 16) * 8));
+        ldsm_x4_trans(vb, cur_v.at(kk * 16, dp * 16) + stage_off);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           mma_16816<T>(o_acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
