@@ -177,18 +177,36 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   const WarpCursor<kBlockN, kHeadDim> cur_v(smem_addr(sv), 8 * ((lane / 8) % 2) + lane % 8, lane / 16, 0);
   static_assert(KVTile::kBytes % 128 == 0, "stages keep the 128-byte alignment the cursors need");
 
+  // Tiles of whole rows (every row inside the sequence, head_dim == kHeadDim, aligned) load with
+  // load_whole_tile: one 64-bit add a 16-byte unit, where load_tile's per-unit bounds and select were
+  // ~75 instructions a warp for q alone (ncu, head_dim 128). For k and v only from head_dim 128: at
+  // head_dim 64 the second load path in the loop made ptxas spill and measured 0.4-2% slower.
+  const bool whole_d = p.aligned && p.head_dim == kHeadDim;
+  constexpr bool kWholeKV = kHeadDim >= 128 && whole_tile_split<kBlockN, kHeadDim, kThreads>();
+  constexpr bool kWholeQ = whole_tile_split<kBlockM, kHeadDim, kThreads>();
   const int rows_q = seqlen_q - m0;
-  auto load_k = [&](int n_block, int stage) {
-    load_tile<kBlockN, kHeadDim, kThreads>(sk + stage * KVTile::kElements, k_head, p.k_row_stride, n_block * kBlockN,
-                                           seqlen_k, p.head_dim, p.aligned);
+  auto load_kv = [&](T* tile, const T* head, int64_t row_stride, int n_block) {
+    if constexpr (kWholeKV) {
+      if (whole_d && (n_block + 1) * kBlockN <= seqlen_k) {
+        load_whole_tile<T, kBlockN, kHeadDim, kThreads>(smem_addr(tile), head + int64_t(n_block) * kBlockN * row_stride,
+                                                        row_stride);
+        return;
+      }
+    }
+    load_tile<kBlockN, kHeadDim, kThreads>(tile, head, row_stride, n_block * kBlockN, seqlen_k, p.head_dim, p.aligned);
   };
-  auto load_v = [&](int n_block, int stage) {
-    load_tile<kBlockN, kHeadDim, kThreads>(sv + stage * KVTile::kElements, v_head, p.v_row_stride, n_block * kBlockN,
-                                           seqlen_k, p.head_dim, p.aligned);
-  };
+  auto load_k = [&](int n_block, int stage) { load_kv(sk + stage * KVTile::kElements, k_head, p.k_row_stride, n_block); };
+  auto load_v = [&](int n_block, int stage) { load_kv(sv + stage * KVTile::kElements, v_head, p.v_row_stride, n_block); };
 
   // Prologue: q and the first k (and v) block in flight.
-  load_tile<kBlockM, kHeadDim, kThreads>(sq, q_head, p.q_row_stride, 0, rows_q, p.head_dim, p.aligned);
+  bool q_loaded = false;
+  if constexpr (kWholeQ) {
+    if (whole_d && rows_q >= kBlockM) {
+      load_whole_tile<T, kBlockM, kHeadDim, kThreads>(smem_addr(sq), q_head, p.q_row_stride);
+      q_loaded = true;
+    }
+  }
+  if (!q_loaded) load_tile<kBlockM, kHeadDim, kThreads>(sq, q_head, p.q_row_stride, 0, rows_q, p.head_dim, p.aligned);
   if (n_begin < n_end) {
     load_k(n_begin, 0);
     if constexpr (kStages == 2) load_v(n_begin, 0);
@@ -339,6 +357,43 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
 
   // Epilogue: o / l and lse, rows below seqlen_q only, columns below head_dim only.
   const bool split_out = p.num_splits > 1;
+  if (whole_d && !split_out) {
+    // Each warp passes o through its own rows of the q tile (only this warp read them), then stores
+    // 16-byte pieces of whole rows. From the fragments, each 4-byte store touches 8 rows; with a
+    // test per column that was 16% of a 512-key call's time at head_dim 128 (ncu); staged: +3-13%
+    // at 512-1k keys (dev/sm80fwd/NOTES.md).
+    constexpr int kUnits = kHeadDim / 8, kWarpUnits = 16 * kMTiles * kUnits;
+    static_assert(kWarpUnits % 32 == 0, "whole 16-byte units per lane");
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float l = quad_sum(row_sum[mt][half]);
+        const int r = warp_row0 + mt * 16 + g + 8 * half, row = m0 + r;
+        const float inv_l = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+          *reinterpret_cast<uint32_t*>(sq + QTile::offset(r, dt * 8) + 2 * t) =
+              pack2<T>(o_acc[mt][dt][2 * half] * inv_l, o_acc[mt][dt][2 * half + 1] * inv_l);
+        if (p.lse && t == 0 && row < seqlen_q) {
+          const float lse = l > 0.f ? (row_max[mt][half] * p.score_scale_log2 + __log2f(l)) * kLn2 : kNegInf;
+          const int64_t index = varlen ? int64_t(head) * p.total_q + q_start + row
+                                       : (int64_t(batch) * p.num_heads + head) * p.seqlen_q + row;
+          p.lse[index] = lse;
+        }
+      }
+    __syncwarp();
+    T* o_rows = static_cast<T*>(p.o) + (varlen ? 0 : batch * p.o_batch_stride) + (q_start + m0) * p.o_row_stride +
+                head * p.o_head_stride;
+#pragma unroll
+    for (int j = 0; j < kWarpUnits / 32; ++j) {
+      const int unit = j * 32 + lane, r = warp_row0 + unit / kUnits, c = (unit % kUnits) * 8;
+      if (m0 + r < seqlen_q)
+        *reinterpret_cast<uint4*>(o_rows + int64_t(r) * p.o_row_stride + c) =
+            *reinterpret_cast<const uint4*>(sq + QTile::offset(r, c));
+    }
+    return;
+  }
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll

@@ -81,6 +81,50 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
 }
 
+// Whether load_whole_tile / store_whole_tile can split a [kRows][kCols] tile over kThreads threads:
+// whole 16-byte units per row across the threads, row steps of a multiple of 8 (the swizzle period).
+template <int kRows, int kCols, int kThreads>
+constexpr bool whole_tile_split() {
+  constexpr int units = kCols / 8;
+  return kThreads % units == 0 && kThreads / units % 8 == 0 && kRows % (kThreads / units) == 0;
+}
+
+// cp.async of a whole [kRows][kCols] tile (every row inside the sequence, head_dim == kCols, 16-byte
+// aligned rows): thread tid loads rows tid / kUnitsPerRow + j * kRowStep, 16-byte unit tid % kUnitsPerRow.
+// kRowStep is a multiple of 8 and the swizzle depends only on row % 8, so unit j's shared offset is the
+// first one plus a constant and its global offset the first plus j row steps: per unit one 64-bit add,
+// no per-unit index math or predicate (the generic load_tile spent ~25 instructions a unit, ncu).
+template <class T, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void load_whole_tile(uint32_t smem_tile, const T* gmem_tile, int64_t row_stride) {
+  using Tile = SmemTile<kRows, kCols>;
+  constexpr int kUnitsPerRow = kCols / 8, kRowStep = kThreads / kUnitsPerRow, kSteps = kRows / kRowStep;
+  static_assert(whole_tile_split<kRows, kCols, kThreads>(), "whole-tile split");
+  const int r = threadIdx.x / kUnitsPerRow, c = (threadIdx.x % kUnitsPerRow) * 8;
+  const T* src = gmem_tile + (r * row_stride + c);
+  const uint32_t dst = smem_tile + uint32_t(2 * Tile::offset(r, c));
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + j * kRowStep * Tile::kChunk * 2),
+                 "l"(src + j * kRowStep * row_stride));
+}
+
+// The reverse of load_whole_tile: rows [0, rows_valid) of a swizzled [kRows][kCols] tile to global
+// memory as 16-byte stores, with the same per-thread split (one 64-bit add per unit, one row test).
+template <class T, int kRows, int kCols, int kThreads>
+__device__ __forceinline__ void store_whole_tile(T* gmem_tile, int64_t row_stride, const T* smem_tile, int rows_valid) {
+  using Tile = SmemTile<kRows, kCols>;
+  constexpr int kUnitsPerRow = kCols / 8, kRowStep = kThreads / kUnitsPerRow, kSteps = kRows / kRowStep;
+  static_assert(whole_tile_split<kRows, kCols, kThreads>(), "whole-tile split");
+  const int r = threadIdx.x / kUnitsPerRow, c = (threadIdx.x % kUnitsPerRow) * 8;
+  T* dst = gmem_tile + (r * row_stride + c);
+  const T* src = smem_tile + Tile::offset(r, c);
+#pragma unroll
+  for (int j = 0; j < kSteps; ++j)
+    if (r + j * kRowStep < rows_valid)
+      *reinterpret_cast<uint4*>(dst + j * kRowStep * row_stride) =
+          *reinterpret_cast<const uint4*>(src + j * kRowStep * Tile::kChunk);
+}
+
 // ---------------------------------------------------------------------------------------------
 // ldmatrix: four 8 x 8 matrices of 16-bit elements (layouts in the header comment), from a 32-bit
 // shared-memory address (a WarpCursor's, below).
