@@ -361,7 +361,11 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     // Each warp passes o through its own rows of the q tile (only this warp read them), then stores
     // 16-byte pieces of whole rows. From the fragments, each 4-byte store touches 8 rows; with a
     // test per column that was 16% of a 512-key call's time at head_dim 128 (ncu); staged: +3-13%
-    // at 512-1k keys (dev/sm80fwd/NOTES.md).
+    // at 512-1k keys (dev/sm80fwd/NOTES.md). Without a key block the loop's barrier never ordered
+    // the other threads' copies of q before these writes, and the warp's own ldmatrix reads of its
+    // rows came from other lanes' addresses (racecheck).
+    if (n_begin >= n_end) __syncthreads();
+    __syncwarp();
     constexpr int kUnits = kHeadDim / 8, kWarpUnits = 16 * kMTiles * kUnits;
     static_assert(kWarpUnits % 32 == 0, "whole 16-byte units per lane");
 #pragma unroll
