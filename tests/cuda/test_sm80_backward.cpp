@@ -38,6 +38,13 @@ std::vector<Case> sm80_backward_cases() {
       c.window_right = -1, c.causal = true;
       out.push_back(c);
     }
+    for (int d : {64, 128}) {  // softcap is a kernel instance of its own: several blocks, masked and not
+      c = make_case(dt, 1, 300, 333, 4, 2, d);
+      c.softcap = 10.f;
+      out.push_back(c);
+      c.causal = true;
+      out.push_back(c);
+    }
     c = make_case(dt, 1, 1, 1, 2, 2, 128);  // one key: dS = 0 exactly, dq, dk are rounding noise of D
     out.push_back(c);
     c = make_case(dt, 1, 40, 0, 2, 2, 64);  // no keys: dq = 0

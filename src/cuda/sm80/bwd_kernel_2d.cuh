@@ -77,7 +77,7 @@ struct Bwd2dTraits {
   static_assert(kSmemBytes + kDqStageBytes <= 227 * 1024, "the staging tile must fit the H100's shared memory");
 };
 
-template <class T, int kHeadDim>
+template <class T, int kHeadDim, bool kSoftcap>
 __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTraits<T, kHeadDim>::kConfig.ctas_per_sm)
     bwd_main_2d_kernel(const BwdParams p) {
   using Tr = Bwd2dTraits<T, kHeadDim>;
@@ -282,7 +282,11 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
         const BandMask band{key0 + mi * 16 + g, sqp + 2 * t, band_lo, band_hi, rows_k, cols_q};
-        if (need_mask || p.softcap > 0.f) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
+        // Softcap is a kernel instance of its own: with the softcap test inside the masked blocks' body
+        // (a branch per element), causal 512-2k keys measured 3-9% slower; a third body in the same
+        // kernel cost the unmasked loop 1-2.5% (dev/sm80bwd/NOTES.md, session 11).
+        if constexpr (kSoftcap) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
+        else if (need_mask) probs_and_grads<true, 2 * kSNp, false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, true);
         else probs_and_grads<false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, false);
       }
       if constexpr (Tr::kXorStores) {

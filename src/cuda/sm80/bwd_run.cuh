@@ -22,7 +22,8 @@ Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores)
   if (bp.seqlen_k > 0) {
     if constexpr (kConfig.layout == 1) {
       using Tr = Bwd2dTraits<T, kHeadDim>;
-      auto kernel = bwd_main_2d_kernel<T, kHeadDim>;
+      auto kernel = bp.softcap > 0.f ? bwd_main_2d_kernel<T, kHeadDim, true>  // softcap: its own instance
+                                     : bwd_main_2d_kernel<T, kHeadDim, false>;
       // The sm_90 build of the kernel stages dQ in shared memory (FLASHATTN_BWD_BULK_DQ).
       const int smem = Tr::kSmemBytes + (device_major() == 9 ? Tr::kDqStageBytes : 0);
       FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
