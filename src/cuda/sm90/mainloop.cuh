@@ -171,13 +171,11 @@ struct Consumer {
   // Issues S = q k^T for this warpgroup's 64 rows: q (64, head_dim) and k (block_n, head_dim),
   // both K-major in shared memory.
   __device__ __forceinline__ static void issue_qk(float (&s)[kN / 2], const uint8_t* q_rows, const uint8_t* k) {
-    const uint32_t q_addr = smem_addr(q_rows), k_addr = smem_addr(k);
+    const SmemDesc dq(smem_addr(q_rows), 16, 1024), dk(smem_addr(k), 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;  // k16 step inside a 64-column panel
-      const uint64_t da = make_smem_desc(q_addr + (kk / 4) * T::kQPanelBytes + off, 16, 1024);
-      const uint64_t db = make_smem_desc(k_addr + (kk / 4) * T::kKVPanelBytes + off, 16, 1024);
-      Mma::template ss<0>(s, da, db, kk > 0);
+      Mma::template ss<0>(s, dq.at((kk / 4) * T::kQPanelBytes + off), dk.at((kk / 4) * T::kKVPanelBytes + off), kk > 0);
     }
     wgmma_commit();
   }
@@ -185,12 +183,10 @@ struct Consumer {
   // The same with q from registers (the A-operand layout, load_q_fragments).
   __device__ __forceinline__ static void issue_qk(float (&s)[kN / 2], const uint32_t (&qa)[kD / 16][4],
                                                   const uint8_t* k) {
-    const uint32_t k_addr = smem_addr(k);
+    const SmemDesc dk(smem_addr(k), 16, 1024);
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint64_t db = make_smem_desc(k_addr + (kk / 4) * T::kKVPanelBytes + (kk % 4) * 32, 16, 1024);
-      Mma::template rs<0>(s, qa[kk], db, kk > 0);
-    }
+    for (int kk = 0; kk < kD / 16; ++kk)
+      Mma::template rs<0>(s, qa[kk], dk.at((kk / 4) * T::kKVPanelBytes + (kk % 4) * 32), kk > 0);
     wgmma_commit();
   }
 
@@ -211,12 +207,9 @@ struct Consumer {
   // Issues O += P v: P (64, block_n) from registers as the A operand, v (block_n, head_dim)
   // MN-major in shared memory. accumulate = 0: O = P v (O's old contents are ignored).
   __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kN / 16][4], const uint8_t* v, int accumulate = 1) {
-    const uint32_t v_addr = smem_addr(v);
+    const SmemDesc dv(smem_addr(v), T::kKVPanelBytes, 1024);
 #pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk) {
-      const uint64_t db = make_smem_desc(v_addr + kk * 16 * 128, T::kKVPanelBytes, 1024);
-      MmaO::template rs<1>(o, p[kk], db, kk > 0 ? 1 : accumulate);
-    }
+    for (int kk = 0; kk < kN / 16; ++kk) MmaO::template rs<1>(o, p[kk], dv.at(kk * 16 * 128), kk > 0 ? 1 : accumulate);
     wgmma_commit();
   }
 
@@ -230,17 +223,38 @@ struct Consumer {
       for (int e = 0; e < kN / 2; ++e) s[e] = p.softcap * tanhf(s[e] * p.softcap_pre);
     }
     if (need_mask) {
+      // Bounds relative to the thread's first key, so each element compares its compile-time
+      // column 8 n + j: one test and a select where no window's left edge falls in the block
+      // (causal alone, the end of the sequence), two where one does.
       const int32_t key_lane = key0 + 2 * (threadIdx.x % 4);
+      int32_t lo[2], hi[2];
 #pragma unroll
-      for (int n = 0; n < kN / 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int32_t key = key_lane + 8 * n + j;
-            if (key < key_begin[i] || key >= key_end[i]) s[4 * n + 2 * i + j] = -INFINITY;
-          }
+      for (int i = 0; i < 2; ++i) {
+        lo[i] = key_begin[i] - key_lane;
+        hi[i] = key_end[i] - key_lane;
+      }
+      if (__any_sync(0xffffffffu, lo[0] > 0 || lo[1] > 0)) {
+        mask_columns<true>(s, lo, hi);
+      } else {
+        mask_columns<false>(s, lo, hi);
+      }
     }
+  }
+
+  // -inf where column c = 8 n + j of the thread's row i lies outside [lo[i], hi[i]) (kLeft) or
+  // at or past hi[i].
+  template <bool kLeft>
+  __device__ __forceinline__ static void mask_columns(float (&s)[kN / 2], const int32_t (&lo)[2],
+                                                      const int32_t (&hi)[2]) {
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int32_t c = 8 * n + j;
+          if ((kLeft && c < lo[i]) || c >= hi[i]) s[4 * n + 2 * i + j] = -INFINITY;
+        }
   }
 
   // mask_scores with this thread's two rows' key ranges computed from the tile.

@@ -168,6 +168,20 @@ __device__ __forceinline__ uint64_t make_smem_desc(uint32_t addr, uint32_t lbo, 
   return desc;
 }
 
+// A tile's descriptor, to which each k16 step adds its byte offset. The start-address field
+// (address / 16, bits 0-13) is the low word's low bits and every address stays below 256 KB, so
+// offset / 16 adds to the low word without a carry: one uniform add a wgmma, where
+// make_smem_desc per step compiled to six uniform instructions (add, mask, shift, or, two moves).
+struct SmemDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ SmemDesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    const uint64_t d = make_smem_desc(addr, lbo, sbo);
+    lo = uint32_t(d);
+    hi = uint32_t(d >> 32);
+  }
+  __device__ __forceinline__ uint64_t at(uint32_t offset) const { return (uint64_t(hi) << 32) | (lo + (offset >> 4)); }
+};
+
 // Orders this warpgroup's register and shared-memory accesses before the wgmma that follow.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
