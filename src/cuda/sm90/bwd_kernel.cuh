@@ -51,9 +51,9 @@ struct BwdTraits {
 
 // Descriptor of a 128-byte-swizzled operand: K-major (rows of 64 k-elements; the k16 step adds
 // 32 bytes) or MN-major (lbo: the next 64-wide panel of M / N; a k16 step is 16 rows, 2048 bytes).
-__device__ __forceinline__ uint64_t kmajor_desc(uint32_t addr) { return make_smem_desc(addr, 16, 1024); }
-__device__ __forceinline__ uint64_t mnmajor_desc(uint32_t addr, uint32_t panel_bytes) {
-  return make_smem_desc(addr, panel_bytes, 1024);
+__device__ __forceinline__ SmemDesc kmajor_desc(uint32_t addr) { return SmemDesc(addr, 16, 1024); }
+__device__ __forceinline__ SmemDesc mnmajor_desc(uint32_t addr, uint32_t panel_bytes) {
+  return SmemDesc(addr, panel_bytes, 1024);
 }
 
 // x through an opaque move: the descriptors built from it inside the q-block loop are not hoisted
@@ -158,18 +158,20 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     const uint32_t k_it = opaque(k_addr), v_it = opaque(v_addr);
 
     // S^T = K_w Q_i^T and dP^T = V_w dO_i^T.
+    const SmemDesc desc_k = kmajor_desc(k_it), desc_q = kmajor_desc(q_buf);
+    const SmemDesc desc_v = kmajor_desc(v_it), desc_do = kmajor_desc(do_buf);
     float s[kBlockM / 2], dp[kBlockM / 2];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t off = (kk / 4) * Tr::kKVPanel + (kk % 4) * 32, qoff = (kk / 4) * Tr::kQPanel + (kk % 4) * 32;
-      MmaS::template ss<0>(s, kmajor_desc(k_it + off), kmajor_desc(q_buf + qoff), kk > 0);
+      MmaS::template ss<0>(s, desc_k.at(off), desc_q.at(qoff), kk > 0);
     }
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint32_t off = (kk / 4) * Tr::kKVPanel + (kk % 4) * 32, qoff = (kk / 4) * Tr::kQPanel + (kk % 4) * 32;
-      MmaS::template ss<0>(dp, kmajor_desc(v_it + off), kmajor_desc(do_buf + qoff), kk > 0);
+      MmaS::template ss<0>(dp, desc_v.at(off), desc_do.at(qoff), kk > 0);
     }
     wgmma_commit();
 
@@ -200,13 +202,12 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
         a_p[kk][r] = sm80::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
         a_ds[kk][r] = sm80::pack2<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
       }
+    const SmemDesc desc_do_mn = mnmajor_desc(do_buf, Tr::kQPanel), desc_q_mn = mnmajor_desc(q_buf, Tr::kQPanel);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      MmaKV::template rs<1>(acc_dv, a_p[kk], mnmajor_desc(do_buf + kk * 2048, Tr::kQPanel), 1);
+    for (int kk = 0; kk < kBlockM / 16; ++kk) MmaKV::template rs<1>(acc_dv, a_p[kk], desc_do_mn.at(kk * 2048), 1);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
-      MmaKV::template rs<1>(acc_dk, a_ds[kk], mnmajor_desc(q_buf + kk * 2048, Tr::kQPanel), 1);
+    for (int kk = 0; kk < kBlockM / 16; ++kk) MmaKV::template rs<1>(acc_dk, a_ds[kk], desc_q_mn.at(kk * 2048), 1);
     wgmma_commit();
 
     // dS^T to shared memory while those run: a_ds[kk][r] is row key_row + 8 (r % 2), columns
@@ -223,12 +224,12 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
 
     // dQ_i rows dq_m0 .. + 63, columns dq_d0 .. + kDqN - 1 = dS K over the block's 128 keys.
     float acc_dq[Tr::kDqN / 2];
-    const uint32_t ds_it = opaque(ds_addr), k_dq_it = opaque(k_dq_addr);
+    const SmemDesc desc_ds = mnmajor_desc(opaque(ds_addr), Tr::kDsPanel);
+    const SmemDesc desc_k_mn = mnmajor_desc(opaque(k_dq_addr), Tr::kKVPanel);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      MmaQ::template ss<1, 1>(acc_dq, mnmajor_desc(ds_it + kk * 2048, Tr::kDsPanel),
-                              mnmajor_desc(k_dq_it + kk * 2048, Tr::kKVPanel), kk > 0);
+      MmaQ::template ss<1, 1>(acc_dq, desc_ds.at(kk * 2048), desc_k_mn.at(kk * 2048), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     fence_registers(acc_dq);
