@@ -279,6 +279,11 @@ struct Consumer {
   // place with one FFMA and one EX2 an element, the sums rescaled. corr rescales O. The row max
   // and row sum run in kChains independent chains: one serial chain of kN / 4 dependent
   // instructions would sit on the critical path between the two GEMMs.
+  // The running max moves only when a block's max exceeds it by more than kMaxSlack (log2 units):
+  // O / row_sum is the same for any max used throughout, so a stale one changes nothing but the
+  // range of P (below 2^kMaxSlack, as exact in bf16 / fp16 as below 1), and corr is 1 (O not
+  // rescaled, rescale_o skips) for all but the rare blocks that raise a row's max that much.
+  static constexpr float kMaxSlack = 8.f;
   __device__ __forceinline__ void online_softmax(float (&s)[kN / 2], float score_scale, float (&corr)[2]) {
     constexpr int kChains = (kN / 8) % 4 == 0 ? 4 : 2;
     float m_part[2][kChains];
@@ -299,7 +304,8 @@ struct Consumer {
       for (int c = 1; c < kChains; ++c) m = fmaxf(m, m_part[i][c]);
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      const float m_new = fmaxf(row_max[i], m * score_scale);
+      float m_new = fmaxf(row_max[i], m * score_scale);
+      if (!(m_new > row_max[i] + kMaxSlack)) m_new = row_max[i];
       m_use[i] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet: keep p = 0
       corr[i] = fast_exp2(row_max[i] - m_use[i]);
       row_max[i] = m_new;
@@ -324,14 +330,11 @@ struct Consumer {
     }
   }
 
-  // kRescaleEarly off: runs on the critical path between the wait for O += P v and the next issue,
-  // skipped when no row of the warp has a new max (corr = 1 exactly, the common case after the
-  // first blocks). On: runs while the tensor cores compute S, off that path, unconditionally (a
-  // branch between two wgmma issues was not tried).
+  // kRescaleEarly off: runs on the critical path between the wait for O += P v and the next issue;
+  // on: while the tensor cores compute S, off that path. Skipped when no row of the warp moved its
+  // max (corr = 1 exactly: nearly every block after the first, with kMaxSlack).
   __device__ __forceinline__ void rescale_o(const float (&corr)[2]) {
-    if constexpr (!T::kRescaleEarly) {
-      if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
-    }
+    if (!__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) return;
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n)
 #pragma unroll
