@@ -362,6 +362,15 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
 
   // Epilogue: o / l and lse, rows below seqlen_q only, columns below head_dim only.
   const bool split_out = p.num_splits > 1;
+  // The lse (natural log) of row (mt, half) with row sum l, and where row `row` of the sequence
+  // keeps it in p.lse; both epilogues below use them.
+  auto row_lse = [&](int mt, int half, float l) {
+    return l > 0.f ? (row_max[mt][half] * p.score_scale_log2 + __log2f(l)) * kLn2 : kNegInf;
+  };
+  auto lse_index = [&](int row) {
+    return varlen ? int64_t(head) * p.total_q + q_start + row
+                  : (int64_t(batch) * p.num_heads + head) * p.seqlen_q + row;
+  };
   if (whole_d && !split_out) {
     // Each warp passes o through its own rows of the q tile (only this warp read them), then stores
     // 16-byte pieces of whole rows. From the fragments, each 4-byte store touches 8 rows; with a
@@ -384,12 +393,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
         for (int dt = 0; dt < kDTiles; ++dt)
           *reinterpret_cast<uint32_t*>(sq + QTile::offset(r, dt * 8) + 2 * t) =
               pack2<T>(o_acc[mt][dt][2 * half] * inv_l, o_acc[mt][dt][2 * half + 1] * inv_l);
-        if (p.lse && t == 0 && row < seqlen_q) {
-          const float lse = l > 0.f ? (row_max[mt][half] * p.score_scale_log2 + __log2f(l)) * kLn2 : kNegInf;
-          const int64_t index = varlen ? int64_t(head) * p.total_q + q_start + row
-                                       : (int64_t(batch) * p.num_heads + head) * p.seqlen_q + row;
-          p.lse[index] = lse;
-        }
+        if (p.lse && t == 0 && row < seqlen_q) p.lse[lse_index(row)] = row_lse(mt, half, l);
       }
     __syncwarp();
     T* o_rows = static_cast<T*>(p.o) + (varlen ? 0 : batch * p.o_batch_stride) + (q_start + m0) * p.o_row_stride +
@@ -411,8 +415,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
       const int row = m0 + warp_row0 + mt * 16 + g + 8 * half;  // row within the sequence
       if (row >= seqlen_q) continue;
       const float inv_l = l > 0.f ? 1.f / l : 0.f;
-      const float m = row_max[mt][half];
-      const float lse = l > 0.f ? (m * p.score_scale_log2 + __log2f(l)) * kLn2 : kNegInf;
+      const float lse = row_lse(mt, half, l);
       const int64_t global_row = varlen ? q_start + row : int64_t(batch) * p.seqlen_q + row;
       if (split_out) {
         float* dst = p.o_partial + ((int64_t(split) * p.num_rows + global_row) * p.num_heads + head) * p.head_dim;
@@ -439,11 +442,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
             if (col + 1 < p.head_dim) dst[col + 1] = T(x1);
           }
         }
-        if (p.lse && t == 0) {
-          const int64_t index = varlen ? int64_t(head) * p.total_q + q_start + row
-                                       : (int64_t(batch) * p.num_heads + head) * p.seqlen_q + row;
-          p.lse[index] = lse;
-        }
+        if (p.lse && t == 0) p.lse[lse_index(row)] = lse;
       }
     }
 }
