@@ -31,6 +31,14 @@ std::vector<Case> sm90_forward_cases() {
       v.seqlens_q = {700, 0, 129, 1, 520}, v.seqlens_k = {900, 40, 0, 333, 520};
       v.batch = 5, v.seqlen_q = 700, v.seqlen_k = 900;
       out.push_back(v);
+      // Scores of a few units and more (scale 0.6 on unit-normal q, k): a row's max keeps rising by
+      // more than 2^8 in p over several key blocks, so O is rescaled past the first block (the
+      // kernel keeps a stale max below that, and with the default scale that rescale hardly runs).
+      Case big = fa_test::make_case(dt, 1, 200, 900, 2, 1, d);
+      big.softmax_scale = 0.6f;
+      out.push_back(big);
+      big.causal = true;
+      out.push_back(big);
       // A long key range: the tile configurations chosen for many key blocks (launch_template.cuh).
       Case l;
       l.dtype = dt, l.head_dim = d, l.batch = 1, l.seqlen_q = 300, l.seqlen_k = 8300, l.num_heads = 2;
