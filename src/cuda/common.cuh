@@ -20,6 +20,26 @@ inline Status cuda_status(cudaError_t err, const char* what) {
 
 inline cudaStream_t stream_of(const fa_params& p) { return static_cast<cudaStream_t>(p.stream); }
 
+// Both GPU forwards' online softmax: a row's running max moves only when a key block raises it by
+// more than kMaxSlack (log2 units; a row's first visible block always does). O / l and the lse
+// (max + log2 l) are the same for any max used throughout, so a stale max changes nothing but the
+// range of P (below 2^kMaxSlack, as exact in bf16 / fp16 as below 1), and O is rescaled only in the
+// rare blocks that move it that far (docs/sm90.md, step 16).
+constexpr float kMaxSlack = 8.f;
+
+// A kernel's dynamic shared memory against what this GPU lets one block use: the sm80 tables are
+// sized for the A100 (163 KB), and a GPU with less (99 KB on sm_86 / sm_89 cards) gets this error
+// instead of cudaFuncSetAttribute's "invalid argument".
+inline Status require_shared_memory(int bytes, const char* impl, const char* pass, int head_dim) {
+  int device = 0, limit = 0;
+  FA_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
+  FA_RETURN_IF_ERROR(cuda_status(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                                 "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)"));
+  if (bytes <= limit) return {};
+  return unsupported("%s: the %s kernel for head_dim %d needs %d bytes of shared memory per block; this GPU allows %d",
+                     impl, pass, head_dim, bytes, limit);
+}
+
 // Workspace check shared by every entry point: the caller supplies device memory.
 inline Status require_workspace(const fa_params& p, size_t needed, const char* impl) {
   if (needed == 0) return {};

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "common/mask.hpp"
+#include "cuda/common.cuh"
 #include "cuda/sm80/fwd_config.cuh"
 #include "cuda/sm80/mma.cuh"
 
@@ -292,7 +293,6 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     }
 
     // Online softmax, one row (mt, half) at a time; a row is spread over the 4 lanes of a quad.
-    constexpr float kMaxSlack = 8.f;
     const float scale_log2 = p.score_scale_log2;
     float correction[kMTiles][2];
     bool rescale = false;
@@ -304,10 +304,9 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) part[nt] = fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
         const float m_block = quad_max(fmaxf(row_max[mt][half], tree_max(part)));
-        // The max moves only when it grows by more than kMaxSlack in the exp2 domain (a row's first
-        // visible block always): o / l is the same for any max used throughout, a stale one only
-        // lets p reach 2^kMaxSlack, and o is rescaled in the rare blocks that move it that far.
-        const bool moved = (m_block - row_max[mt][half]) * scale_log2 > kMaxSlack;
+        // The max moves only when it grows by more than cuda::kMaxSlack (cuda/common.cuh); o is
+        // rescaled in the rare blocks that move it.
+        const bool moved = (m_block - row_max[mt][half]) * scale_log2 > cuda::kMaxSlack;
         const float m_new = moved ? m_block : row_max[mt][half];
         // A row with nothing visible yet keeps max -inf: subtract 0 so p = exp2(-inf) = 0, not NaN.
         const float m_scaled = m_new == kNegInf ? 0.f : m_new * scale_log2;

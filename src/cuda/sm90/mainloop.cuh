@@ -21,6 +21,7 @@
 #include <cuda.h>
 
 #include "common/mask.hpp"
+#include "cuda/common.cuh"
 #include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/params.cuh"
 #include "cuda/sm90/primitives.cuh"
@@ -278,12 +279,9 @@ struct Consumer {
   // Online softmax of one block: new running max (log2 domain), P = exp2(s * scale - max) in
   // place with one FFMA and one EX2 an element, the sums rescaled. corr rescales O. The row max
   // and row sum run in kChains independent chains: one serial chain of kN / 4 dependent
-  // instructions would sit on the critical path between the two GEMMs.
-  // The running max moves only when a block's max exceeds it by more than kMaxSlack (log2 units):
-  // O / row_sum is the same for any max used throughout, so a stale one changes nothing but the
-  // range of P (below 2^kMaxSlack, as exact in bf16 / fp16 as below 1), and corr is 1 (O not
-  // rescaled, rescale_o skips) for all but the rare blocks that raise a row's max that much.
-  static constexpr float kMaxSlack = 8.f;
+  // instructions would sit on the critical path between the two GEMMs. The running max moves
+  // only past kMaxSlack (cuda/common.cuh): corr is 1 (rescale_o skips) for all but the rare blocks
+  // that raise a row's max that much.
   __device__ __forceinline__ void online_softmax(float (&s)[kN / 2], float score_scale, float (&corr)[2]) {
     constexpr int kChains = (kN / 8) % 4 == 0 ? 4 : 2;
     float m_part[2][kChains];
