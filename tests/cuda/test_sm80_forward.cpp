@@ -5,6 +5,7 @@
 
 #include <ostream>
 
+#include "cuda/common.cuh"
 #include "support/harness.hpp"
 
 namespace {
@@ -65,5 +66,17 @@ TEST_P(Sm80Forward, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Standard, Sm80Forward, testing::ValuesIn(sm80_forward_cases()), param_name);
+
+// The sm80 launchers check a kernel's shared memory against the GPU's per-block limit (the tables
+// are sized for the A100; sm_86 / sm_89 cards allow 99 KB): beyond it, an error that names the
+// kernel and both sizes. Every table entry fits the lent H100, so the helper is tested directly.
+TEST(Sm80SharedMemory, MoreThanTheGpuAllowsIsAClearError) {
+  FA_SKIP_WITHOUT_CUDA();
+  EXPECT_TRUE(flashattn::cuda::require_shared_memory(48 * 1024, "flashattn-sm80", "forward", 64).ok());
+  const flashattn::Status s = flashattn::cuda::require_shared_memory(1 << 30, "flashattn-sm80", "backward", 128);
+  EXPECT_EQ(s.code, FA_ERROR_UNSUPPORTED);
+  EXPECT_NE(s.message.find("backward kernel for head_dim 128 needs 1073741824 bytes of shared memory"), std::string::npos)
+      << s.message;
+}
 
 }  // namespace

@@ -26,6 +26,7 @@ Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores)
                                      : bwd_main_2d_kernel<T, kHeadDim, false>;
       // The sm_90 build of the kernel stages dQ in shared memory (FLASHATTN_BWD_BULK_DQ).
       const int smem = Tr::kSmemBytes + (device_major() == 9 ? Tr::kDqStageBytes : 0);
+      FA_RETURN_IF_ERROR(cuda::require_shared_memory(smem, "flashattn-sm80", "backward", kHeadDim));
       FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(bp.num_heads_kv),
                       unsigned(bp.batch));
@@ -33,6 +34,7 @@ Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores)
     } else {
       using Tr = BwdTraits<T, kHeadDim>;
       auto kernel = bwd_main_kernel<T, kHeadDim>;
+      FA_RETURN_IF_ERROR(cuda::require_shared_memory(Tr::kSmemBytes, "flashattn-sm80", "backward", kHeadDim));
       FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
       const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN * Tr::kSplitD),
                       unsigned(bp.num_heads_kv), unsigned(bp.batch));

@@ -25,6 +25,7 @@ Status run_fwd_config(const FwdParams& p, cudaStream_t stream) {
   FA_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t(1) << (device & 63);
   if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+    FA_RETURN_IF_ERROR(cuda::require_shared_memory(Traits::kSmemBytes, "flashattn-sm80", "forward", kConfig.head_dim));
     FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
     opted_in.fetch_or(bit, std::memory_order_acq_rel);
   }
