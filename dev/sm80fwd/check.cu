@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -344,7 +345,16 @@ float time_ms(Fn fn, int reps) {
 void time_sweep(const char* device_name) {
   std::printf("\n# timing (bf16, 16k tokens, hidden 2048; median of CUDA events) on %s\n", device_name);
   std::printf("%-28s %4s %6s %6s %9s %8s\n", "config", "d", "seqlen", "causal", "ms", "TFLOP/s");
-  for (int d : {64, 128}) {
+  std::vector<int> dims = {64, 128};  // SWEEP_DIMS=64,128,256: others
+  if (const char* e = std::getenv("SWEEP_DIMS")) {
+    dims.clear();
+    for (const char* c = e; *c;) {
+      dims.push_back(std::atoi(c));
+      while (*c && *c != ',') ++c;
+      if (*c) ++c;
+    }
+  }
+  for (int d : dims) {
     for (int causal : {0, 1}) {
       for (int s : {512, 1024, 2048, 4096, 8192, 16384}) {
         Case c;

@@ -17,6 +17,7 @@ CANDIDATES=(
   "128,128,128,8,2" "128,128,48,4,2" "128,128,32,4,2"
   "64,128,64,4,2" "64,128,96,4,2"
 )
+[ -n "${CANDS:-}" ] && read -ra CANDIDATES <<< "$CANDS"  # CANDS="256,64,64,4,1 ...": these instead
 [ "${CAND:-1}" = 0 ] && CANDIDATES=()
 
 NVCC=(nvcc -std=c++20 -O3 --expt-relaxed-constexpr -diag-suppress 20012 -lineinfo -Xptxas=-v,-warn-spills
