@@ -132,6 +132,8 @@ __device__ __forceinline__ int64_t bwd_offset(const BwdSeq& s, int64_t start, in
 
 // A [kRows][kCols] tile of rows [0, rows_valid) x columns [0, cols_valid) of a strided tensor into a
 // swizzled shared tile; the rest is zero-filled. Vectorized: 16-byte cp.async; else element loads.
+// Not the forward's load_tile (one offset per thread, compile-time unit steps): in its place the
+// layout-0 kernels spilled more (sm_90: head_dim 192 8 -> 176 bytes, 96 28 -> 52, 256 16 -> 64).
 template <class T, int kRows, int kCols, int kThreads>
 __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_valid, int cols_valid,
                                           bool vectorized) {
