@@ -160,6 +160,17 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
 }
 
 // ---------------------------------------------------------------------------------------------
+// The first i in [lo, hi) with pred(i), else hi; pred is false, then true over the range.
+template <class Pred>
+__device__ __forceinline__ int first_block_where(int lo, int hi, Pred pred) {
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (pred(mid)) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
 // The q-blocks that see key block [n0, n1): a contiguous range [i_begin, i_end), since the visible
 // key range of a row grows with the row. Both ends by binary search (a scan from block 0 was
 // n_block steps of serial uniform code at the start of every CTA of a long causal problem).
@@ -167,20 +178,10 @@ template <int kBlockM>
 __device__ __forceinline__ void bwd_q_block_range(const Mask& mask, int seqlen_q, int n0, int n1, int& i_begin,
                                                   int& i_end) {
   const int num_m = (seqlen_q + kBlockM - 1) / kBlockM;
-  int lo = 0, hi = num_m;  // the first block whose last row sees a key at or past n0
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (mask.key_end(min((mid + 1) * kBlockM, seqlen_q) - 1) > n0) hi = mid;
-    else lo = mid + 1;
-  }
-  i_begin = lo;
-  hi = num_m;  // from there, the first block whose first row sees no key before n1
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (mask.key_begin(int64_t(mid) * kBlockM) >= n1) hi = mid;
-    else lo = mid + 1;
-  }
-  i_end = lo;
+  // The first block whose last row sees a key at or past n0; from there, the first whose first row
+  // sees no key before n1.
+  i_begin = first_block_where(0, num_m, [&](int m) { return mask.key_end(min((m + 1) * kBlockM, seqlen_q) - 1) > n0; });
+  i_end = first_block_where(i_begin, num_m, [&](int m) { return mask.key_begin(int64_t(m) * kBlockM) >= n1; });
 }
 
 // K_j, V_j (keys n0 .., kv head head_kv) into their resident shared tiles.

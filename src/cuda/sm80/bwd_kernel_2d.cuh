@@ -165,21 +165,12 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   // was ~60 uniform-datapath instructions a warp, ncu).
   int plain_begin = i_begin, plain_end = i_begin;
   if (n1 <= seqlen_k) {
-    int lo = i_begin, hi = i_end;  // first block with key_end(m0) >= n1
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (mask.key_end(int64_t(mid) * kBlockM) >= n1) hi = mid;
-      else lo = mid + 1;
-    }
-    plain_begin = lo;
-    hi = i_end;  // first block from there that is partial or has key_begin(last row) > n0
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      const int last = min((mid + 1) * kBlockM, seqlen_q) - 1;
-      if ((mid + 1) * kBlockM > seqlen_q || mask.key_begin(last) > n0) hi = mid;
-      else lo = mid + 1;
-    }
-    plain_end = lo;
+    // The first block with key_end(m0) >= n1; from there, the first that is partial or has
+    // key_begin(last row) > n0.
+    plain_begin = first_block_where(i_begin, i_end, [&](int m) { return mask.key_end(int64_t(m) * kBlockM) >= n1; });
+    plain_end = first_block_where(plain_begin, i_end, [&](int m) {
+      return (m + 1) * kBlockM > seqlen_q || mask.key_begin(min((m + 1) * kBlockM, seqlen_q) - 1) > n0;
+    });
   }
 
   // Warp tiles: keys key0 .. key0 + 31 of S^T, dP^T (query columns sq0 ..) and of dK, dV (head_dim
