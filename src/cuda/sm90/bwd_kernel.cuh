@@ -49,12 +49,6 @@ struct BwdTraits {
                 "every tile starts on a 1024-byte swizzle atom");
 };
 
-// Descriptor of a 128-byte-swizzled operand: K-major (rows of 64 k-elements; the k16 step adds
-// 32 bytes) or MN-major (lbo: the next 64-wide panel of M / N; a k16 step is 16 rows, 2048 bytes).
-__device__ __forceinline__ SmemDesc kmajor_desc(uint32_t addr) { return SmemDesc(addr, 16, 1024); }
-__device__ __forceinline__ SmemDesc mnmajor_desc(uint32_t addr, uint32_t panel_bytes) {
-  return SmemDesc(addr, panel_bytes, 1024);
-}
 
 // x through an opaque move: the descriptors built from it inside the q-block loop are not hoisted
 // out of the loop (several dozen loop-invariant 64-bit descriptors would crowd out the accumulators).

@@ -172,7 +172,7 @@ struct Consumer {
   // Issues S = q k^T for this warpgroup's 64 rows: q (64, head_dim) and k (block_n, head_dim),
   // both K-major in shared memory.
   __device__ __forceinline__ static void issue_qk(float (&s)[kN / 2], const uint8_t* q_rows, const uint8_t* k) {
-    const SmemDesc dq(smem_addr(q_rows), 16, 1024), dk(smem_addr(k), 16, 1024);
+    const SmemDesc dq = kmajor_desc(smem_addr(q_rows)), dk = kmajor_desc(smem_addr(k));
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;  // k16 step inside a 64-column panel
@@ -184,7 +184,7 @@ struct Consumer {
   // The same with q from registers (the A-operand layout, load_q_fragments).
   __device__ __forceinline__ static void issue_qk(float (&s)[kN / 2], const uint32_t (&qa)[kD / 16][4],
                                                   const uint8_t* k) {
-    const SmemDesc dk(smem_addr(k), 16, 1024);
+    const SmemDesc dk = kmajor_desc(smem_addr(k));
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk)
       Mma::template rs<0>(s, qa[kk], dk.at((kk / 4) * T::kKVPanelBytes + (kk % 4) * 32), kk > 0);
@@ -208,7 +208,7 @@ struct Consumer {
   // Issues O += P v: P (64, block_n) from registers as the A operand, v (block_n, head_dim)
   // MN-major in shared memory. accumulate = 0: O = P v (O's old contents are ignored).
   __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kN / 16][4], const uint8_t* v, int accumulate = 1) {
-    const SmemDesc dv(smem_addr(v), T::kKVPanelBytes, 1024);
+    const SmemDesc dv = mnmajor_desc(smem_addr(v), T::kKVPanelBytes);
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) MmaO::template rs<1>(o, p[kk], dv.at(kk * 16 * 128), kk > 0 ? 1 : accumulate);
     wgmma_commit();

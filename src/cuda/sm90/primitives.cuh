@@ -182,6 +182,13 @@ struct SmemDesc {
   __device__ __forceinline__ uint64_t at(uint32_t offset) const { return (uint64_t(hi) << 32) | (lo + (offset >> 4)); }
 };
 
+// Descriptor of a 128-byte-swizzled operand: K-major (rows of 64 k-elements; the k16 step adds
+// 32 bytes) or MN-major (lbo: the next 64-wide panel of M / N; a k16 step is 16 rows, 2048 bytes).
+__device__ __forceinline__ SmemDesc kmajor_desc(uint32_t addr) { return SmemDesc(addr, 16, 1024); }
+__device__ __forceinline__ SmemDesc mnmajor_desc(uint32_t addr, uint32_t panel_bytes) {
+  return SmemDesc(addr, panel_bytes, 1024);
+}
+
 // Orders this warpgroup's register and shared-memory accesses before the wgmma that follow.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
