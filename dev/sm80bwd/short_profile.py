@@ -1,7 +1,8 @@
 """Where a short call's time goes: the device time of each kernel of one call (torch.profiler, mean of
 10 calls after warm-up), the sm80 library against torch's flash backend, forward and backward, on the
 standard sweep's short shapes. usage: python3 dev/sm80bwd/short_profile.py LIB[,NAME=LIB...] [seqlens]
-(several libraries: builds of two versions side by side in one process). PASSES=fwd or bwd: one pass."""
+(several libraries: builds of two versions side by side in one process). PASSES=fwd or bwd: one pass.
+IMPL=flashattn-sm90: the library's Hopper kernels instead of the sm80 ones."""
 import os
 import sys
 from collections import defaultdict
@@ -21,6 +22,7 @@ for i, spec in enumerate((sys.argv[1] if len(sys.argv) > 1 else "build/libflasha
 seqlens = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else [512, 1024, 2048]
 N = 10
 PASSES = os.environ.get("PASSES", "fwd,bwd").split(",")
+IMPL = os.environ.get("IMPL", "flashattn-sm80")
 
 
 def kernels(fn):
@@ -55,7 +57,7 @@ for d in (64, 128):
             print(f"d{d} s{s} causal={int(causal)} batch {b} heads {heads}")
             impls = {}
             for name, lib in libs.items():
-                impls[name] = gb.Ours(lib, "flashattn-sm80", q, k, v, causal)
+                impls[name] = gb.Ours(lib, IMPL, q, k, v, causal)
                 impls[name].prepare_backward(dout)
             if "fwd" in PASSES:
                 fwd = {name: show(f"{name} fwd", kernels(ours.forward)) for name, ours in impls.items()}

@@ -41,6 +41,14 @@ constexpr int bwd_accumulator_regs(const BwdConfig& c) {
   return (2 * 16 * c.head_dim / c.split_d + 2 * 16 * c.chunk_m) / 32;
 }
 
+// The fp32 dQ accumulator is (num_heads, rows_q, kernel head_dim) with each row's 32-byte pieces
+// XOR-swizzled by its index ws = h * rows_q + row: column c is stored at c ^ dq_swizzle(ws). The Hopper
+// paths stage a q-block's dQ in shared memory in this layout, where the swizzle spreads the 4 rows of a
+// half-warp's 8-byte fragment stores over all banks; the staging tile is then a byte image of the
+// q-block's rows, and a few bulk reductions of many rows each add it. (Head dims are multiples of 32:
+// the XOR stays inside the row.)
+__host__ __device__ constexpr int dq_swizzle(int64_t ws) { return 8 * int(ws & 3); }
+
 constexpr int kBwdMaxSmemSm80 = 163 * 1024;  // A100's per-CTA limit (H100: 227 KB)
 
 // clang-format off
@@ -140,7 +148,7 @@ struct BwdParams {
   int32_t vectorized;  // every pointer 16-byte aligned, every stride and head_dim a multiple of 8
   // Workspace.
   float* d_sum;     // D = rowsum(dO * O): (num_heads, rows_q)
-  float* dq_accum;  // fp32 dQ / softmax_scale: (num_heads, rows_q, kernel head_dim)
+  float* dq_accum;  // fp32 dQ / softmax_scale: (num_heads, rows_q, kernel head_dim), dq_swizzle'd
   int32_t* dq_semaphore;  // deterministic: (batch, num_heads, num_m_blocks, split_d) k-blocks done
 };
 

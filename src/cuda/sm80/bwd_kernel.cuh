@@ -288,7 +288,8 @@ __global__ void __launch_bounds__(256) bwd_convert_dq_kernel(const BwdParams p) 
   const int h = blockIdx.y;
   if (row >= p.rows_q || c0 >= p.head_dim) return;
   T* dq = static_cast<T*>(p.dq) + bwd_row_offset(p, row, h, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride) + c0;
-  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + (int64_t(h) * p.rows_q + row) * kHeadDim + c0);
+  const int64_t ws = int64_t(h) * p.rows_q + row;
+  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + ws * kHeadDim + (c0 ^ dq_swizzle(ws)));
   const float4 a = acc[0], b = acc[1];
   const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
   if (p.vectorized && c0 + 8 <= p.head_dim) {
@@ -610,10 +611,12 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
         }
       __syncthreads();
     }
-    float* acc_rows = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+    const int64_t ws0 = int64_t(h) * p.rows_q + seq.ws_row + m0;  // the q-block's first accumulator row
+    float* acc_rows = p.dq_accum + ws0 * kHeadDim;
+    const int row = wm * 16 + g, swz = dq_swizzle(ws0 + row);  // rows row and row + 8: the same swizzle
 #pragma unroll
     for (int nt = 0; nt < kDqTiles; ++nt) {
-      const int row = wm * 16 + g, col = dq_col0 + nt * 8 + 2 * t;
+      const int col = (dq_col0 + nt * 8 + 2 * t) ^ swz;
       if (m0 + row < seqlen_q) atomic_add2(acc_rows + int64_t(row) * kHeadDim + col, acc_dq[nt][0], acc_dq[nt][1]);
       if (m0 + row + 8 < seqlen_q)
         atomic_add2(acc_rows + int64_t(row + 8) * kHeadDim + col, acc_dq[nt][2], acc_dq[nt][3]);

@@ -15,7 +15,7 @@
 namespace flashattn::sm80 {
 
 // On sm_90 the dQ partial of a q-block leaves through shared memory and bulk reductions
-// (cp.reduce.async.bulk ... add.f32, one per row, issued by the TMA unit) instead of fp32 atomics
+// (cp.reduce.async.bulk ... add.f32 of a few rows each, issued by the TMA unit) instead of fp32 atomics
 // from registers: ncu showed the 16 vector atomics per thread and iteration holding their address
 // registers until the congested LSU read them (12% of stall samples). Deterministic mode keeps the
 // ordered atomics. The host adds the staging tile to the shared memory when the device is sm_90.
@@ -32,6 +32,23 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, uint32_t smem, 
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
                "cp.async.bulk.commit_group;\n" ::"l"(gmem), "r"(smem), "r"(bytes) : "memory");
 #endif
+}
+// dq[rows x kHeadDim] += the staging tile's first `rows` rows (both in the accumulator's swizzled
+// layout) in kOps bulk reductions of ceil(kBlockM / kOps) rows each, issued by threads 0 .. kOps - 1.
+template <int kBlockM, int kHeadDim, int kOps>
+__device__ __forceinline__ void bulk_reduce_dq(float* dq, uint32_t smem, int rows, int tid) {
+  constexpr int kRowsPerOp = (kBlockM + kOps - 1) / kOps;
+  const int r0 = tid * kRowsPerOp, r1 = min(r0 + kRowsPerOp, rows);
+  if (tid < kOps && r0 < r1)
+    bulk_reduce_add_f32(dq + r0 * kHeadDim, smem + r0 * kHeadDim * 4, uint32_t(r1 - r0) * kHeadDim * 4);
+}
+// dq_swizzle of this thread's mma fragment rows (lane / 4, + multiples of 4) of a q-block whose first
+// accumulator row is ws0. The lane index is read here (volatile): one derived from threadIdx before the
+// loop stayed live through the products and made ptxas spill (sm90 head_dim 64: 216 bytes, not 100).
+__device__ __forceinline__ int dq_fragment_swizzle(int64_t ws0) {
+  uint32_t lane;
+  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
+  return dq_swizzle(ws0 + lane / 4);
 }
 // This thread's bulk groups have read their shared memory (.read).
 __device__ __forceinline__ void bulk_wait_read() {
@@ -70,10 +87,10 @@ struct Bwd2dTraits {
   using TileP = SmemTile<kBlockN, kBlockM>;    // P^T, dS^T
   static constexpr int kSmemBytes = bwd_smem_bytes(kConfig);
   static_assert(kSmemBytes == 2 * TileKV::kBytes + 2 * 2 * TileQ::kBytes + 2 * TileP::kBytes + 2 * 2 * kBlockM * 4);
-  // sm_90 dQ staging tile [block_m][head_dim + 4] fp32 after those: the 16-byte row padding puts the
-  // 8 rows of a warp's fragment store in different bank quarters (2 wavefronts per store, the minimum).
-  static constexpr int kDqRowFloats = kHeadDim + 4;
-  static constexpr int kDqStageBytes = kBlockM * kDqRowFloats * 4;
+  // sm_90 dQ staging tile [block_m][head_dim] fp32 after those, in the accumulator's layout (dq_swizzle),
+  // added by 64 bulk reductions (2 rows each at head_dim 64, 1 at 128): against 128 one-row ones (before
+  // the swizzle) 1-3% faster, against 8-16 4-8% slower, against 1 6-7% slower (dev/sm80bwd/NOTES.md).
+  static constexpr int kDqStageBytes = kBlockM * kHeadDim * 4, kDqBulkOps = 64;
   static_assert(kSmemBytes + kDqStageBytes <= 227 * 1024, "the staging tile must fit the H100's shared memory");
 };
 
@@ -200,13 +217,12 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   static_assert(kVOff % 128 == 0 && kDoOff % 128 == 0 && kDsOff % 128 == 0 && TileQ::kBytes % 128 == 0);
 
   // Bulk dQ path: iteration it stages its dQ in sDq; iteration it + 1 (after its first barrier) or the
-  // end of the kernel issues the row reductions into dq_pending (dq_pending_rows rows).
+  // end of the kernel issues the reductions into dq_pending (dq_pending_rows rows).
   const bool bulk_dq = FLASHATTN_BWD_BULK_DQ && !p.deterministic;
   float* dq_pending = nullptr;
   int dq_pending_rows = 0;
   auto issue_pending_dq = [&] {
-    if (bulk_dq && tid < dq_pending_rows)
-      bulk_reduce_add_f32(dq_pending + int64_t(tid) * kHeadDim, smem_addr(sDq + tid * Tr::kDqRowFloats), kHeadDim * 4);
+    if (bulk_dq) bulk_reduce_dq<kBlockM, kHeadDim, Tr::kDqBulkOps>(dq_pending, smem_addr(sDq), dq_pending_rows, tid);
   };
 
   for (int it = 0; it < num_iters; ++it) {
@@ -365,18 +381,22 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       }
     }
 
+    // The thread's dQ rows dq_m0 + 16 mi + 8 half + g all have the swizzle of row g (dq_m0 % 4 == 0).
+    const int64_t ws0 = int64_t(h) * p.rows_q + seq.ws_row + m0;  // the q-block's first accumulator row
+    const int swz = dq_fragment_swizzle(ws0);
     if (bulk_dq) {  // stage dQ_i; the next iteration's first barrier publishes it to the reductions
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          float* dst = sDq + (dq_m0 + mi * 16 + 8 * half + g) * Tr::kDqRowFloats + dq_d0 + 2 * t;
+          float* dst = sDq + (dq_m0 + mi * 16 + 8 * half + g) * kHeadDim + 2 * t;
 #pragma unroll
           for (int nt = 0; nt < 2 * kDqNp; ++nt)
-            *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(acc_dq[mi][nt][2 * half], acc_dq[mi][nt][2 * half + 1]);
+            *reinterpret_cast<float2*>(dst + ((dq_d0 + nt * 8) ^ swz)) =
+                make_float2(acc_dq[mi][nt][2 * half], acc_dq[mi][nt][2 * half + 1]);
         }
       fence_proxy_async_shared();
-      dq_pending = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+      dq_pending = p.dq_accum + ws0 * kHeadDim;
       dq_pending_rows = min(kBlockM, seqlen_q - m0);
     } else {
       int32_t* semaphore = nullptr;
@@ -390,7 +410,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       }
       // One address per fragment row, the n8 tiles at constant offsets from it; one row test per
       // fragment row, none in whole q-blocks.
-      float* acc_rows = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+      float* acc_rows = p.dq_accum + ws0 * kHeadDim;
       const bool whole_m = m0 + kBlockM <= seqlen_q;
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
@@ -398,10 +418,10 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
         for (int half = 0; half < 2; ++half) {
           const int row = dq_m0 + mi * 16 + 8 * half + g;
           if (!whole_m && m0 + row >= seqlen_q) continue;
-          float* dst = acc_rows + (row * kHeadDim + dq_d0 + 2 * t);
+          float* dst = acc_rows + (row * kHeadDim + 2 * t);
 #pragma unroll
           for (int nt = 0; nt < 2 * kDqNp; ++nt)
-            atomic_add2(dst + nt * 8, acc_dq[mi][nt][2 * half], acc_dq[mi][nt][2 * half + 1]);
+            atomic_add2(dst + ((dq_d0 + nt * 8) ^ swz), acc_dq[mi][nt][2 * half], acc_dq[mi][nt][2 * half + 1]);
         }
       if (p.deterministic) {
         __threadfence();

@@ -39,11 +39,12 @@ struct BwdTraits {
   using TileQ = sm80::SmemTile<kBlockM, kHeadDim>;   // Q_i, dO_i: panels of [block_m][64]
   using TileDs = sm80::SmemTile<kBlockN, kBlockM>;   // dS^T: panels of [block_n][64 queries]
   static constexpr uint32_t kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128, kDsPanel = kBlockN * 128;
-  // K, V, 2 x (Q, dO), dS^T, 2 x (lse, D), then the fp32 dQ staging tile [block_m][head_dim + 4]
-  // (16-byte row padding: the 8 rows of a fragment store fall in different bank quarters).
-  static constexpr int kDqRowFloats = kHeadDim + 4;
+  // K, V, 2 x (Q, dO), dS^T, 2 x (lse, D), then the fp32 dQ staging tile [block_m][head_dim] in the
+  // accumulator's layout (sm80::dq_swizzle), added by 16 bulk reductions (8 rows each at head_dim 64, 4
+  // at 128): 3-10% faster than one per row; 8 about the same, 32 slower (docs/sm90_bwd.md).
+  static constexpr int kDqBulkOps = 16;
   static constexpr int kSmemBytes = 2 * TileKV::kBytes + 4 * TileQ::kBytes + TileDs::kBytes + 4 * kBlockM * 4 +
-                                    kBlockM * kDqRowFloats * 4;
+                                    kBlockM * kHeadDim * 4;
   static_assert(kSmemBytes <= 227 * 1024, "the H100's shared memory");
   static_assert(TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDs::kBytes % 1024 == 0,
                 "every tile starts on a 1024-byte swizzle atom");
@@ -132,8 +133,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   float* dq_pending = nullptr;
   int dq_pending_rows = 0;
   auto issue_pending_dq = [&] {
-    if (bulk_dq && tid < dq_pending_rows)
-      bulk_reduce_add_f32(dq_pending + int64_t(tid) * kHeadDim, smem_addr(sDq + tid * Tr::kDqRowFloats), kHeadDim * 4);
+    if (bulk_dq) bulk_reduce_dq<kBlockM, kHeadDim, Tr::kDqBulkOps>(dq_pending, smem_addr(sDq), dq_pending_rows, tid);
   };
 
   for (int it = 0; it < num_iters; ++it) {
@@ -236,16 +236,19 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     }
 
     const int dq_row = dq_m0 + 16 * warp_in_wg + g;
+    const int64_t ws0 = int64_t(h) * p.rows_q + seq.ws_row + m0;  // the q-block's first accumulator row
+    const int swz = sm80::dq_fragment_swizzle(ws0);                // rows dq_row and dq_row + 8
     if (bulk_dq) {  // stage dQ_i; the next iteration's first barrier publishes it to the reductions
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float* dst = sDq + (dq_row + 8 * i) * Tr::kDqRowFloats + dq_d0 + 2 * t;
+        float* dst = sDq + (dq_row + 8 * i) * kHeadDim + 2 * t;
 #pragma unroll
         for (int n = 0; n < Tr::kDqN / 8; ++n)
-          *reinterpret_cast<float2*>(dst + n * 8) = make_float2(acc_dq[4 * n + 2 * i], acc_dq[4 * n + 2 * i + 1]);
+          *reinterpret_cast<float2*>(dst + ((dq_d0 + n * 8) ^ swz)) =
+              make_float2(acc_dq[4 * n + 2 * i], acc_dq[4 * n + 2 * i + 1]);
       }
       fence_proxy_async_shared();
-      dq_pending = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+      dq_pending = p.dq_accum + ws0 * kHeadDim;
       dq_pending_rows = min(kBlockM, seqlen_q - m0);
     } else {
       int32_t* semaphore = p.dq_semaphore + (int64_t(b) * p.num_heads + h) * p.num_m_blocks + m_block;
@@ -254,14 +257,15 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
         while (ld_acquire(semaphore) != expected) {
         }
       __syncthreads();
-      float* acc_rows = p.dq_accum + (int64_t(h) * p.rows_q + seq.ws_row + m0) * kHeadDim;
+      float* acc_rows = p.dq_accum + ws0 * kHeadDim;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int row = dq_row + 8 * i;
         if (m0 + row >= seqlen_q) continue;
-        float* dst = acc_rows + (row * kHeadDim + dq_d0 + 2 * t);
+        float* dst = acc_rows + (row * kHeadDim + 2 * t);
 #pragma unroll
-        for (int n = 0; n < Tr::kDqN / 8; ++n) atomic_add2(dst + n * 8, acc_dq[4 * n + 2 * i], acc_dq[4 * n + 2 * i + 1]);
+        for (int n = 0; n < Tr::kDqN / 8; ++n)
+          atomic_add2(dst + ((dq_d0 + n * 8) ^ swz), acc_dq[4 * n + 2 * i], acc_dq[4 * n + 2 * i + 1]);
       }
       __threadfence();
       __syncthreads();
