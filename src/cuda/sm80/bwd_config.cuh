@@ -106,19 +106,22 @@ constexpr BwdConfig bwd_config(int kernel_head_dim) {
 // The Hopper main kernel (src/cuda/sm90/bwd_kernel.cuh, wgmma): block_n 128 keys, two warpgroups of
 // 64 keys each; block_m per head_dim (S^T, dP^T of 64 x block_m and dK, dV of 64 x head_dim per
 // warpgroup in registers: (2 * block_m + 2 * head_dim) / 2 accumulators a thread, 192 at both).
+// dq_stages: dQ staging tiles in shared memory (2: iteration i stages while the reductions of i - 1
+// still read the other; head_dim 128 +2.5% on average, head_dim 64 even, docs/sm90_bwd.md).
 // It shares BwdParams, the workspace and the row kernels with the sm80 backward.
 struct Sm90BwdConfig {
   int head_dim;
   int block_m;
+  int dq_stages;
 };
-constexpr Sm90BwdConfig kSm90BwdConfigs[] = {{64, 128}, {128, 64}};
+constexpr Sm90BwdConfig kSm90BwdConfigs[] = {{64, 128, 1}, {128, 64, 2}};
 constexpr int kSm90BwdBlockN = 128;
 
-// block_m of the Hopper kernel for this kernel head_dim, 0 when it has none.
-constexpr int sm90_bwd_block_m(int kernel_head_dim) {
+// The Hopper kernel's configuration for this kernel head_dim, block_m 0 when it has none.
+constexpr Sm90BwdConfig sm90_bwd_config(int kernel_head_dim) {
   for (const Sm90BwdConfig& c : kSm90BwdConfigs)
-    if (c.head_dim == kernel_head_dim) return c.block_m;
-  return 0;
+    if (c.head_dim == kernel_head_dim) return c;
+  return {kernel_head_dim, 0, 0};
 }
 
 // What the three backward kernels read. Strides are in elements, 64-bit.

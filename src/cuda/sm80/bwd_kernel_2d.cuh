@@ -50,10 +50,11 @@ __device__ __forceinline__ int dq_fragment_swizzle(int64_t ws0) {
   asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
   return dq_swizzle(ws0 + lane / 4);
 }
-// This thread's bulk groups have read their shared memory (.read).
+// This thread's bulk groups but the newest kPending have read their shared memory (.read).
+template <int kPending = 0>
 __device__ __forceinline__ void bulk_wait_read() {
 #if FLASHATTN_BWD_BULK_DQ
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
 // Orders this thread's ordinary shared-memory writes before later reads by the async (TMA) proxy.
@@ -90,7 +91,9 @@ struct Bwd2dTraits {
   // sm_90 dQ staging tile [block_m][head_dim] fp32 after those, in the accumulator's layout (dq_swizzle),
   // added by 64 bulk reductions (2 rows each at head_dim 64, 1 at 128): against 128 one-row ones (before
   // the swizzle) 1-3% faster, against 8-16 4-8% slower, against 1 6-7% slower (dev/sm80bwd/NOTES.md).
-  static constexpr int kDqStageBytes = kBlockM * kHeadDim * 4, kDqBulkOps = 64;
+  // One staging tile: a second (the Hopper kernel takes two at head_dim 128) measured even here.
+  static constexpr int kDqStages = 1, kDqTileFloats = kBlockM * kHeadDim;
+  static constexpr int kDqStageBytes = kDqStages * kDqTileFloats * 4, kDqBulkOps = 64;
   static_assert(kSmemBytes + kDqStageBytes <= 227 * 1024, "the staging tile must fit the H100's shared memory");
 };
 
@@ -113,7 +116,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   T* sDs = sP + TileP::kElements;      // dS^T (block_n x block_m)
   float* sLse = reinterpret_cast<float*>(sDs + TileP::kElements);  // [2][block_m]
   float* sD = sLse + 2 * kBlockM;                                  // [2][block_m]
-  float* sDq = sD + 2 * kBlockM;  // sm_90: [block_m][head_dim + 4] dQ partial (Tr::kDqStageBytes)
+  float* sDq = sD + 2 * kBlockM;  // sm_90: [kDqStages][block_m][head_dim] dQ partials (Tr::kDqStageBytes)
 
   const int n_block = blockIdx.x, head_kv = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -221,8 +224,9 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   const bool bulk_dq = FLASHATTN_BWD_BULK_DQ && !p.deterministic;
   float* dq_pending = nullptr;
   int dq_pending_rows = 0;
+  uint32_t dq_pending_smem = 0;
   auto issue_pending_dq = [&] {
-    if (bulk_dq) bulk_reduce_dq<kBlockM, kHeadDim, Tr::kDqBulkOps>(dq_pending, smem_addr(sDq), dq_pending_rows, tid);
+    if (bulk_dq) bulk_reduce_dq<kBlockM, kHeadDim, Tr::kDqBulkOps>(dq_pending, dq_pending_smem, dq_pending_rows, tid);
   };
 
   for (int it = 0; it < num_iters; ++it) {
@@ -331,7 +335,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
           }
       }
     }
-    bulk_wait_read();  // the last iteration's dQ reductions have read sDq (long done: issued an iteration ago)
+    bulk_wait_read<Tr::kDqStages - 1>();  // the reductions that read this iteration's sDq buffer are done
     __syncthreads();  // P^T, dS^T complete; sDq free
 
     // dV += P^T dO_i, then dK += dS^T Q_i, on the warp's 32 keys x kKvCols head_dim columns.
@@ -389,7 +393,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          float* dst = sDq + (dq_m0 + mi * 16 + 8 * half + g) * kHeadDim + 2 * t;
+          float* dst = sDq + (it % Tr::kDqStages) * Tr::kDqTileFloats + (dq_m0 + mi * 16 + 8 * half + g) * kHeadDim + 2 * t;
 #pragma unroll
           for (int nt = 0; nt < 2 * kDqNp; ++nt)
             *reinterpret_cast<float2*>(dst + ((dq_d0 + nt * 8) ^ swz)) =
@@ -397,6 +401,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
         }
       fence_proxy_async_shared();
       dq_pending = p.dq_accum + ws0 * kHeadDim;
+      dq_pending_smem = smem_addr(sDq + (it % Tr::kDqStages) * Tr::kDqTileFloats);
       dq_pending_rows = min(kBlockM, seqlen_q - m0);
     } else {
       int32_t* semaphore = nullptr;

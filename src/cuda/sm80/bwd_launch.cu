@@ -83,7 +83,7 @@ BwdWorkspace workspace_layout(const fa_params& p, bool hopper) {
   w.kernel_head_dim = bwd_kernel_head_dim(p.head_dim);
   if (w.kernel_head_dim == 0 || p.batch <= 0) return w;
   const BwdConfig c = bwd_config(w.kernel_head_dim);
-  const int block_m = hopper ? sm90_bwd_block_m(w.kernel_head_dim) : c.block_m, split_d = hopper ? 1 : c.split_d;
+  const int block_m = hopper ? sm90_bwd_config(w.kernel_head_dim).block_m : c.block_m, split_d = hopper ? 1 : c.split_d;
   w.rows_q = is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q;
   w.num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
   w.num_semaphores = p.deterministic ? p.batch * p.num_heads * w.num_m_blocks * split_d : 0;

@@ -28,7 +28,7 @@ namespace flashattn::cuda::sm90 {
 
 template <class T, int kHeadDim>
 struct BwdTraits {
-  static constexpr int kBlockM = sm80::sm90_bwd_block_m(kHeadDim), kBlockN = sm80::kSm90BwdBlockN;
+  static constexpr int kBlockM = sm80::sm90_bwd_config(kHeadDim).block_m, kBlockN = sm80::kSm90BwdBlockN;
   static constexpr int kThreads = 256;  // two warpgroups
   static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   // dQ_i (block_m x head_dim): warpgroups kDqWgM over the rows (64 each) x the rest over head_dim.
@@ -39,12 +39,13 @@ struct BwdTraits {
   using TileQ = sm80::SmemTile<kBlockM, kHeadDim>;   // Q_i, dO_i: panels of [block_m][64]
   using TileDs = sm80::SmemTile<kBlockN, kBlockM>;   // dS^T: panels of [block_n][64 queries]
   static constexpr uint32_t kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128, kDsPanel = kBlockN * 128;
-  // K, V, 2 x (Q, dO), dS^T, 2 x (lse, D), then the fp32 dQ staging tile [block_m][head_dim] in the
+  // K, V, 2 x (Q, dO), dS^T, 2 x (lse, D), then dq_stages fp32 dQ staging tiles [block_m][head_dim] in the
   // accumulator's layout (sm80::dq_swizzle), added by 16 bulk reductions (8 rows each at head_dim 64, 4
   // at 128): 3-10% faster than one per row; 8 about the same, 32 slower (docs/sm90_bwd.md).
-  static constexpr int kDqBulkOps = 16;
+  static constexpr int kDqBulkOps = 16, kDqStages = sm80::sm90_bwd_config(kHeadDim).dq_stages;
+  static constexpr int kDqTileFloats = kBlockM * kHeadDim;
   static constexpr int kSmemBytes = 2 * TileKV::kBytes + 4 * TileQ::kBytes + TileDs::kBytes + 4 * kBlockM * 4 +
-                                    kBlockM * kHeadDim * 4;
+                                    kDqStages * kBlockM * kHeadDim * 4;
   static_assert(kSmemBytes <= 227 * 1024, "the H100's shared memory");
   static_assert(TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDs::kBytes % 1024 == 0,
                 "every tile starts on a 1024-byte swizzle atom");
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   T* sDs = sDo + 2 * TileQ::kElements;  // dS^T (block_n x block_m)
   float* sLse = reinterpret_cast<float*>(sDs + TileDs::kElements);  // [2][block_m]
   float* sD = sLse + 2 * kBlockM;                                   // [2][block_m]
-  float* sDq = sD + 2 * kBlockM;                                    // [block_m][head_dim + 4]
+  float* sDq = sD + 2 * kBlockM;                                    // [kDqStages][block_m][head_dim]
 
   const int n_block = blockIdx.x, head_kv = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128, warp_in_wg = (tid / 32) % 4;
@@ -132,8 +133,9 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   const bool bulk_dq = !p.deterministic;
   float* dq_pending = nullptr;
   int dq_pending_rows = 0;
+  uint32_t dq_pending_smem = 0;
   auto issue_pending_dq = [&] {
-    if (bulk_dq) bulk_reduce_dq<kBlockM, kHeadDim, Tr::kDqBulkOps>(dq_pending, smem_addr(sDq), dq_pending_rows, tid);
+    if (bulk_dq) bulk_reduce_dq<kBlockM, kHeadDim, Tr::kDqBulkOps>(dq_pending, dq_pending_smem, dq_pending_rows, tid);
   };
 
   for (int it = 0; it < num_iters; ++it) {
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
         *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(key_row + 8 * (r % 2), 16 * kk + 8 * (r / 2)) + 2 * t) =
             a_ds[kk][r];
     fence_proxy_async_shared();
-    bulk_wait_read();  // the last iteration's dQ reductions have read sDq (issued an iteration ago)
+    bulk_wait_read<Tr::kDqStages - 1>();  // the reductions that read this iteration's sDq buffer are done
     __syncthreads();   // dS^T complete; sDq free
 
     // dQ_i rows dq_m0 .. + 63, columns dq_d0 .. + kDqN - 1 = dS K over the block's 128 keys.
@@ -241,7 +243,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     if (bulk_dq) {  // stage dQ_i; the next iteration's first barrier publishes it to the reductions
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float* dst = sDq + (dq_row + 8 * i) * kHeadDim + 2 * t;
+        float* dst = sDq + (it % Tr::kDqStages) * Tr::kDqTileFloats + (dq_row + 8 * i) * kHeadDim + 2 * t;
 #pragma unroll
         for (int n = 0; n < Tr::kDqN / 8; ++n)
           *reinterpret_cast<float2*>(dst + ((dq_d0 + n * 8) ^ swz)) =
@@ -249,6 +251,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
       }
       fence_proxy_async_shared();
       dq_pending = p.dq_accum + ws0 * kHeadDim;
+      dq_pending_smem = smem_addr(sDq + (it % Tr::kDqStages) * Tr::kDqTileFloats);
       dq_pending_rows = min(kBlockM, seqlen_q - m0);
     } else {
       int32_t* semaphore = p.dq_semaphore + (int64_t(b) * p.num_heads + h) * p.num_m_blocks + m_block;
