@@ -89,8 +89,8 @@ struct Bwd2dTraits {
   static constexpr int kSmemBytes = bwd_smem_bytes(kConfig);
   static_assert(kSmemBytes == 2 * TileKV::kBytes + 2 * 2 * TileQ::kBytes + 2 * TileP::kBytes + 2 * 2 * kBlockM * 4);
   // sm_90 dQ staging tile [block_m][head_dim] fp32 after those, in the accumulator's layout (dq_swizzle),
-  // added by 64 bulk reductions (2 rows each at head_dim 64, 1 at 128): against 128 one-row ones (before
-  // the swizzle) 1-3% faster, against 8-16 4-8% slower, against 1 6-7% slower (dev/sm80bwd/NOTES.md).
+  // added by 64 bulk reductions (2 rows each at head_dim 64, 1 at 128): 1-3% faster than 128 one-row
+  // ones (before the swizzle), 3-5% faster than 8 or 16, about 5% faster than one (dev/sm80bwd/NOTES.md).
   // One staging tile: a second (the Hopper kernel takes two at head_dim 128) measured even here.
   static constexpr int kDqStages = 1, kDqTileFloats = kBlockM * kHeadDim;
   static constexpr int kDqStageBytes = kDqStages * kDqTileFloats * 4, kDqBulkOps = 64;
@@ -389,11 +389,12 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     const int64_t ws0 = int64_t(h) * p.rows_q + seq.ws_row + m0;  // the q-block's first accumulator row
     const int swz = dq_fragment_swizzle(ws0);
     if (bulk_dq) {  // stage dQ_i; the next iteration's first barrier publishes it to the reductions
+      float* const stage = sDq + (it % Tr::kDqStages) * Tr::kDqTileFloats;
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          float* dst = sDq + (it % Tr::kDqStages) * Tr::kDqTileFloats + (dq_m0 + mi * 16 + 8 * half + g) * kHeadDim + 2 * t;
+          float* dst = stage + (dq_m0 + mi * 16 + 8 * half + g) * kHeadDim + 2 * t;
 #pragma unroll
           for (int nt = 0; nt < 2 * kDqNp; ++nt)
             *reinterpret_cast<float2*>(dst + ((dq_d0 + nt * 8) ^ swz)) =
@@ -401,7 +402,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
         }
       fence_proxy_async_shared();
       dq_pending = p.dq_accum + ws0 * kHeadDim;
-      dq_pending_smem = smem_addr(sDq + (it % Tr::kDqStages) * Tr::kDqTileFloats);
+      dq_pending_smem = smem_addr(stage);
       dq_pending_rows = min(kBlockM, seqlen_q - m0);
     } else {
       int32_t* semaphore = nullptr;

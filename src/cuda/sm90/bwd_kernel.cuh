@@ -241,9 +241,10 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     const int64_t ws0 = int64_t(h) * p.rows_q + seq.ws_row + m0;  // the q-block's first accumulator row
     const int swz = sm80::dq_fragment_swizzle(ws0);                // rows dq_row and dq_row + 8
     if (bulk_dq) {  // stage dQ_i; the next iteration's first barrier publishes it to the reductions
+      float* const stage = sDq + (it % Tr::kDqStages) * Tr::kDqTileFloats;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float* dst = sDq + (it % Tr::kDqStages) * Tr::kDqTileFloats + (dq_row + 8 * i) * kHeadDim + 2 * t;
+        float* dst = stage + (dq_row + 8 * i) * kHeadDim + 2 * t;
 #pragma unroll
         for (int n = 0; n < Tr::kDqN / 8; ++n)
           *reinterpret_cast<float2*>(dst + ((dq_d0 + n * 8) ^ swz)) =
@@ -251,7 +252,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
       }
       fence_proxy_async_shared();
       dq_pending = p.dq_accum + ws0 * kHeadDim;
-      dq_pending_smem = smem_addr(sDq + (it % Tr::kDqStages) * Tr::kDqTileFloats);
+      dq_pending_smem = smem_addr(stage);
       dq_pending_rows = min(kBlockM, seqlen_q - m0);
     } else {
       int32_t* semaphore = p.dq_semaphore + (int64_t(b) * p.num_heads + h) * p.num_m_blocks + m_block;
