@@ -5,6 +5,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "common/status.hpp"
 
 namespace flashattn::cuda {
@@ -38,6 +41,22 @@ inline Status require_shared_memory(int bytes, const char* impl, const char* pas
   if (bytes <= limit) return {};
   return unsupported("%s: the %s kernel for head_dim %d needs %d bytes of shared memory per block; this GPU allows %d",
                      impl, pass, head_dim, bytes, limit);
+}
+
+// Lets kKernel launch with `bytes` (the same on every call) of dynamic shared memory on the current
+// device: the first call there checks the GPU's limit (require_shared_memory) and sets the attribute,
+// later ones cost a cudaGetDevice (one bit per device ordinal; ordinals past 63 set it every call).
+template <auto kKernel>
+Status opt_in_shared_memory(int bytes, const char* impl, const char* pass, int head_dim) {
+  static std::atomic<uint64_t> opted_in{0};
+  int device = 0;
+  FA_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (opted_in.load(std::memory_order_acquire) & bit) return {};
+  FA_RETURN_IF_ERROR(require_shared_memory(bytes, impl, pass, head_dim));
+  FA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  opted_in.fetch_or(bit, std::memory_order_acq_rel);
+  return {};
 }
 
 // Workspace check shared by every entry point: the caller supplies device memory.

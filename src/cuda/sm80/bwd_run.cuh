@@ -22,20 +22,21 @@ Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores)
   if (bp.seqlen_k > 0) {
     if constexpr (kConfig.layout == 1) {
       using Tr = Bwd2dTraits<T, kHeadDim>;
-      auto kernel = bp.softcap > 0.f ? bwd_main_2d_kernel<T, kHeadDim, true>  // softcap: its own instance
-                                     : bwd_main_2d_kernel<T, kHeadDim, false>;
+      constexpr auto kPlain = &bwd_main_2d_kernel<T, kHeadDim, false>;
+      constexpr auto kSoftcap = &bwd_main_2d_kernel<T, kHeadDim, true>;  // softcap: its own instance
+      const auto kernel = bp.softcap > 0.f ? kSoftcap : kPlain;
       // The sm_90 build of the kernel stages dQ in shared memory (FLASHATTN_BWD_BULK_DQ).
       const int smem = Tr::kSmemBytes + (device_major() == 9 ? Tr::kDqStageBytes : 0);
-      FA_RETURN_IF_ERROR(cuda::require_shared_memory(smem, "flashattn-sm80", "backward", kHeadDim));
-      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      FA_RETURN_IF_ERROR(bp.softcap > 0.f
+                             ? cuda::opt_in_shared_memory<kSoftcap>(smem, "flashattn-sm80", "backward", kHeadDim)
+                             : cuda::opt_in_shared_memory<kPlain>(smem, "flashattn-sm80", "backward", kHeadDim));
       const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(bp.num_heads_kv),
                       unsigned(bp.batch));
       kernel<<<grid, Tr::kThreads, smem, stream>>>(bp);
     } else {
       using Tr = BwdTraits<T, kHeadDim>;
-      auto kernel = bwd_main_kernel<T, kHeadDim>;
-      FA_RETURN_IF_ERROR(cuda::require_shared_memory(Tr::kSmemBytes, "flashattn-sm80", "backward", kHeadDim));
-      FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      constexpr auto kernel = &bwd_main_kernel<T, kHeadDim>;
+      FA_RETURN_IF_ERROR(cuda::opt_in_shared_memory<kernel>(Tr::kSmemBytes, "flashattn-sm80", "backward", kHeadDim));
       const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN * Tr::kSplitD),
                       unsigned(bp.num_heads_kv), unsigned(bp.batch));
       kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp);

@@ -2,8 +2,6 @@
 // head_dim) in the generated fwd_hdim<N>_<dtype>.cu files; run_fwd_combine<T> in fwd_api.cu.
 #pragma once
 
-#include <atomic>
-
 #include "cuda/common.cuh"
 #include "cuda/sm80/fwd_kernel.cuh"
 
@@ -18,17 +16,8 @@ inline dim3 fwd_grid(const FwdParams& p, int block_m) {
 template <class T, FwdConfig kConfig>
 Status run_fwd_config(const FwdParams& p, cudaStream_t stream) {
   using Traits = FwdTraits<kConfig>;
-  auto kernel = fwd_kernel<kConfig.head_dim, kConfig.block_m, kConfig.block_n, kConfig.warps, kConfig.stages, T>;
-  // Opt in to > 48 KB of dynamic shared memory once per instantiation and device.
-  static std::atomic<uint64_t> opted_in{0};
-  int device = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t(1) << (device & 63);
-  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
-    FA_RETURN_IF_ERROR(cuda::require_shared_memory(Traits::kSmemBytes, "flashattn-sm80", "forward", kConfig.head_dim));
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
-    opted_in.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  constexpr auto kernel = &fwd_kernel<kConfig.head_dim, kConfig.block_m, kConfig.block_n, kConfig.warps, kConfig.stages, T>;
+  FA_RETURN_IF_ERROR(cuda::opt_in_shared_memory<kernel>(Traits::kSmemBytes, "flashattn-sm80", "forward", kConfig.head_dim));
   kernel<<<fwd_grid(p, Traits::kBlockM), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
   FA_CUDA_CHECK_LAUNCH("flashattn-sm80 forward kernel launch");
   return {};

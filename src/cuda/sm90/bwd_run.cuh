@@ -11,8 +11,8 @@ Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semap
   using Tr = BwdTraits<T, kHeadDim>;
   FA_RETURN_IF_ERROR((sm80::launch_bwd_preprocess<T, kHeadDim>(bp, stream, num_semaphores)));
   if (bp.seqlen_k > 0) {
-    auto kernel = bwd_main_kernel<T, kHeadDim>;
-    FA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+    constexpr auto kernel = &bwd_main_kernel<T, kHeadDim>;
+    FA_RETURN_IF_ERROR(opt_in_shared_memory<kernel>(Tr::kSmemBytes, "flashattn-sm90", "backward", kHeadDim));
     const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(bp.num_heads_kv),
                     unsigned(bp.batch));
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp);
