@@ -45,7 +45,7 @@ struct BwdTraits {
   static constexpr int kDqBulkOps = 16, kDqStages = sm80::sm90_bwd_config(kHeadDim).dq_stages;
   static constexpr int kDqTileFloats = kBlockM * kHeadDim;
   static constexpr int kSmemBytes = 2 * TileKV::kBytes + 4 * TileQ::kBytes + TileDs::kBytes + 4 * kBlockM * 4 +
-                                    kDqStages * kBlockM * kHeadDim * 4;
+                                    kDqStages * kDqTileFloats * 4;
   static_assert(kSmemBytes <= 227 * 1024, "the H100's shared memory");
   static_assert(TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDs::kBytes % 1024 == 0,
                 "every tile starts on a 1024-byte swizzle atom");
