@@ -93,9 +93,13 @@ std::vector<Case> sm90_forward_cases() {
       w.batch = 3, w.seqlen_q = 4200, w.seqlen_k = 4400;
       out.push_back(w);
     }
+    // Tiles aligned to the sequence's end (causal_row_shift: here the first tile overhangs row 0).
     Case cz;
     cz.dtype = dt, cz.head_dim = 128, cz.causal = true, cz.batch = 1, cz.num_heads = 4, cz.num_heads_kv = 2;
     cz.seqlen_q = 2600, cz.seqlen_k = 3001;
+    out.push_back(cz);
+    // The same with more query rows than keys (the rows of the overhanging tile see no key) and a window.
+    cz.seqlen_q = 3500, cz.seqlen_k = 2100, cz.num_heads = 2, cz.num_heads_kv = 1, cz.window_left = 500;
     out.push_back(cz);
   }
   return out;

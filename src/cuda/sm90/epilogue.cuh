@@ -1,5 +1,6 @@
-// Epilogue: O / row_sum to the output dtype and the lse, rows past the sequence's end predicated
-// off (varlen tiles may overhang the next sequence's rows in the packed tensor). Three ways:
+// Epilogue: O / row_sum to the output dtype and the lse, rows outside the sequence predicated off
+// (varlen tiles may overhang the next sequence's rows in the packed tensor, causal tiles the rows
+// before the first: Tile::row0). Three ways:
 //   store_tile:        4-byte stores straight from the accumulator registers (each warp store
 //                      touches 8 rows: the load/store unit, not the tensor cores, sets the pace
 //                      of short sequences);
@@ -27,7 +28,7 @@ __device__ __forceinline__ void store_lse(const float (&row_max)[2], const float
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int32_t row = row0 + 8 * i;
-    if (row >= tile.seqlen_q) continue;
+    if (!row_in_sequence(tile, row)) continue;
     const float lse = row_sum[i] > 0.f ? (row_max[i] + log2f(row_sum[i])) * kLn2 : -INFINITY;
     const int64_t index = p.cu_seqlens_q ? int64_t(tile.head) * p.total_q + tile.q_start + row
                                          : (int64_t(tile.batch) * p.num_heads + tile.head) * p.seqlen_q + row;
@@ -46,14 +47,14 @@ __device__ __forceinline__ void store_tile(const float (&o)[T::kHeadDim / 2], co
                                            const float (&row_sum)[2], const FwdParams& p, const Tile& tile,
                                            int consumer_wg) {
   const int thread = threadIdx.x % 128, lane = threadIdx.x % 32;
-  const int32_t row0 = tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
+  const int32_t row0 = tile.row0 + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
   const int64_t batch_offset = p.cu_seqlens_q ? 0 : int64_t(tile.batch) * p.o_batch_stride;
   float inv[2];  // a row that saw no key: o = 0, lse = -inf
   inverse_row_sums(row_sum, inv);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int32_t row = row0 + 8 * i;
-    if (row >= tile.seqlen_q) continue;
+    if (!row_in_sequence(tile, row)) continue;
     uint32_t* out = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + batch_offset +
                                                 (tile.q_start + row) * p.o_row_stride +
                                                 int64_t(tile.head) * p.o_head_stride + 2 * (lane % 4));
@@ -89,7 +90,8 @@ __device__ __forceinline__ void stmatrix_o(const float (&o)[T::kHeadDim / 2], co
 //   fixed-length batches: one TMA store per panel by the warp's first lane (rows past seqlen_q
 //     are outside the tensor map): the warp goes on while the stores drain (every SM reaching
 //     its epilogue at once made the stores queue: ~7700 clocks a tile at head_dim 256);
-//   varlen: 16-byte stores of row pieces, rows past the sequence predicated off.
+//   varlen, or rows before the first: 16-byte stores of row pieces, rows outside the sequence
+//     predicated off.
 // Either writes whole 32-byte sectors (store_tile's 4-byte stores: 8 rows x 16 bytes a warp
 // store). Private to the warp: __syncwarp and the bulk-group waits are the only synchronization.
 template <class T>
@@ -106,8 +108,8 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
   auto chunk_addr = [&](int r, int c) { return swizzled_chunk(slab, kPanelBytes, r, c); };
   float inv[2];
   inverse_row_sums(row_sum, inv);
-  const int32_t row_w = tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * warp;  // first row of the warp
-  const bool tma = FLASHATTN_SM90_TMA_STORE && !p.cu_seqlens_q;
+  const int32_t row_w = tile.row0 + 64 * consumer_wg + 16 * warp;  // first row of the warp
+  const bool tma = FLASHATTN_SM90_TMA_STORE && !p.cu_seqlens_q && tile.row0 >= 0;  // see store_tile_staged
   const int64_t batch_offset = p.cu_seqlens_q ? 0 : int64_t(tile.batch) * p.o_batch_stride;
   uint16_t* out = static_cast<uint16_t*>(p.o) + batch_offset + (tile.q_start + row_w) * p.o_row_stride +
                   int64_t(tile.head) * p.o_head_stride;
@@ -131,7 +133,7 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
       for (int it = 0; it < 16 / kRowsPerStore; ++it) {
         const int r = it * kRowsPerStore + lane / kChunks, c = lane % kChunks;
         const uint4 v = ld_shared_v4(chunk_addr(r, c));
-        if (row_w + r < tile.seqlen_q) st_global_v4(out + r * p.o_row_stride + pass * T::kSlabCols + 8 * c, v);
+        if (row_in_sequence(tile, row_w + r)) st_global_v4(out + r * p.o_row_stride + pass * T::kSlabCols + 8 * c, v);
       }
     }
   }
@@ -147,8 +149,9 @@ constexpr int kEpilogueBarrier = 3;
 //   fixed-length batches: one TMA store per panel (rows past seqlen_q are outside the tensor map
 //     and not written), issued by the warpgroup's first thread; returns true: the buffer is still
 //     being read, and that thread releases it (release_staged_q) once the store has read it;
-//   varlen (a tile may overhang the next sequence's rows): rows of 16-byte chunks, rows past the
-//     sequence predicated off, then one arrival on `q_empty`; returns false.
+//   varlen (a tile may overhang the next sequence's rows), or rows before the first: rows of
+//     16-byte chunks, rows outside the sequence predicated off, then one arrival on `q_empty`;
+//     returns false.
 template <class T>
 __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
                                                   const float (&row_sum)[2], const FwdParams& p,
@@ -162,8 +165,12 @@ __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim /
   float inv[2];
   inverse_row_sums(row_sum, inv);
   stmatrix_o<T, kChunks>(o, inv, 0, [&](int r, int c) { return chunk_addr(16 * warp + r, c); });
-  const int32_t row_wg = tile.m_block * T::kBlockM + 64 * consumer_wg;  // first row of the warpgroup
-  const bool tma = FLASHATTN_SM90_TMA_STORE && !p.cu_seqlens_q;
+  const int32_t row_wg = tile.row0 + 64 * consumer_wg;  // first row of the warpgroup
+  // A TMA store whose box starts at a negative row faults (illegal instruction on the H100), unlike
+  // a load: a causal tile that overhangs row 0 takes the 16-byte stores. Decided per tile, not per
+  // warpgroup: a choice ptxas cannot prove uniform made it wrap the whole persistent loop's wgmma
+  // and barriers for divergence (5-8% slower, also where no tile overhangs).
+  const bool tma = FLASHATTN_SM90_TMA_STORE && !p.cu_seqlens_q && tile.row0 >= 0;
   if (tma) fence_proxy_async_shared();  // the stmatrix writes before the TMA unit reads them
   named_barrier_sync(kEpilogueBarrier + consumer_wg, 128);
   SM90_TRACE(p, consumer_wg, trace_count, 9);
@@ -184,7 +191,7 @@ __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim /
     for (int it = 0; it < 64 * kChunks / 128; ++it) {
       const int idx = it * 128 + thread, r = idx / kChunks, c = idx % kChunks;
       const uint4 v = ld_shared_v4(chunk_addr(r, c));
-      if (row_wg + r < tile.seqlen_q) st_global_v4(out + r * p.o_row_stride + 8 * c, v);
+      if (row_in_sequence(tile, row_wg + r)) st_global_v4(out + r * p.o_row_stride + 8 * c, v);
     }
     SM90_TRACE(p, consumer_wg, trace_count, 10);
     fence_proxy_async_shared();  // the reads above before the TMA write that refills the buffer

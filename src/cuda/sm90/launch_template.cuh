@@ -19,6 +19,30 @@ extern int* flashattn_sm90_watchdog;  // dev: set by dev/sm90/harness.cu
 
 namespace flashattn::cuda::sm90 {
 
+// Causal tiles aligned to the end of the sequence instead of its start (FwdParams::row_shift: the
+// first tile overhangs row 0 by the rows the last one would have past the end) where that visits
+// fewer key blocks: the partial tile is then the one that sees the fewest keys. It pays with
+// 192-row tiles over 128-key blocks (head_dim 128, 3 consumer warpgroups): at 4k, 363 key blocks a
+// (batch, head) instead of 384, measured +5%. Where block_m is a multiple of block_n the count is
+// the same either way. Fixed-length batches only (varlen tiles start at their sequence's row 0).
+template <class T>
+int32_t causal_row_shift(const fa_params& p, int32_t num_m_blocks) {
+  const int32_t pad = num_m_blocks * T::kBlockM - p.seqlen_q;
+  if (!p.causal || is_varlen(p) || pad == 0 || T::kBlockM % T::kBlockN == 0) return 0;
+  const Mask mask(p.seqlen_q, p.seqlen_k, true, p.window_left, p.window_right);
+  auto key_blocks = [&](int32_t shift) {  // as key_block_range, summed over the m_blocks
+    int64_t total = 0;
+    for (int32_t m = 0; m < num_m_blocks; ++m) {
+      const int64_t first_row = std::max<int64_t>(int64_t(m) * T::kBlockM - shift, 0);
+      const int64_t last_row = std::min<int64_t>(int64_t(m + 1) * T::kBlockM - shift, p.seqlen_q) - 1;
+      const int64_t key_begin = mask.key_begin(first_row), key_end = mask.key_end(last_row);
+      if (key_end > key_begin) total += (key_end + T::kBlockN - 1) / T::kBlockN - key_begin / T::kBlockN;
+    }
+    return total;
+  };
+  return key_blocks(pad) < key_blocks(0) ? pad : 0;
+}
+
 // One tile configuration's launch.
 template <class T>
 Status launch(const fa_params& p) {
@@ -76,6 +100,7 @@ Status launch(const fa_params& p) {
   fp.watchdog = flashattn_sm90_watchdog;
 #endif
   fp.num_m_blocks = int32_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
+  fp.row_shift = causal_row_shift<T>(p, fp.num_m_blocks);
   const int64_t num_bh = int64_t(p.batch) * p.num_heads;
   const int64_t num_tiles = num_bh * fp.num_m_blocks;
   if (num_tiles >= (int64_t(1) << 31) - (int64_t(1) << 16)) return unsupported("flashattn-sm90: %lld tiles", (long long)num_tiles);

@@ -70,7 +70,7 @@ struct Producer {
       SM90_WATCH(kTraceProducer, t.m_block, t.batch * 100 + t.head, -1, trace_count);
       mbar_wait(&smem.q_empty[qs], q_pipe.phase ^ 1);
       mbar_arrive_expect_tx(&smem.q_full[qs], T::kQBytes);
-      const int32_t q_row = int32_t(t.q_start) + t.m_block * T::kBlockM;
+      const int32_t q_row = int32_t(t.q_start) + t.row0;  // may be < 0: TMA fills zeros
       const int32_t batch_coord = p.cu_seqlens_q ? 0 : t.batch;
 #pragma unroll
       for (int c = 0; c < T::kPanels; ++c)
@@ -266,7 +266,7 @@ struct Consumer {
     if (need_mask) {
       const Mask mask = tile_mask<T>(w.tile, p);
       const int thread = threadIdx.x % 128, lane = threadIdx.x % 32;
-      const int32_t row0 = w.tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
+      const int32_t row0 = w.tile.row0 + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         key_begin[i] = int32_t(mask.key_begin(row0 + 8 * i));
@@ -398,15 +398,15 @@ struct Consumer {
 
     // The key range of this thread's two rows, and the keys every row of the tile sees (blocks
     // inside need no mask).
-    const int32_t row0 = tile.m_block * T::kBlockM + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
+    const int32_t row0 = tile.row0 + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
     int32_t key_begin[2], key_end[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       key_begin[i] = int32_t(mask.key_begin(row0 + 8 * i));
       key_end[i] = int32_t(mask.key_end(row0 + 8 * i));
     }
-    const int64_t tile_row0 = int64_t(tile.m_block) * T::kBlockM;
-    const int64_t tile_row1 = min(tile_row0 + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
+    const int64_t tile_row0 = max(tile.row0, 0);  // the tile's rows in the sequence
+    const int64_t tile_row1 = min(int64_t(tile.row0) + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
     const int64_t inner_begin = mask.key_begin(tile_row1);
     const int64_t inner_end = mask.key_end(tile_row0);
     // The blocks plain_blocks gives, tested by key here: run_tile written with plain_blocks and
@@ -563,8 +563,8 @@ struct Consumer {
   // The key blocks [plain_begin, plain_end) of a tile that need no mask: keys every row of the
   // tile sees, cut at the sequence's end.
   __device__ __forceinline__ static void plain_blocks(const Tile& tile, const Mask& mask, TileWork& w) {
-    const int64_t tile_row0 = int64_t(tile.m_block) * T::kBlockM;
-    const int64_t tile_row1 = min(tile_row0 + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
+    const int64_t tile_row0 = max(tile.row0, 0);  // the tile's rows in the sequence
+    const int64_t tile_row1 = min(int64_t(tile.row0) + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
     const int64_t inner_begin = mask.key_begin(tile_row1);
     const int64_t inner_end = min(mask.key_end(tile_row0), int64_t(tile.seqlen_k));
     w.plain_begin = int32_t(min((inner_begin + kN - 1) / kN, int64_t(INT32_MAX)));

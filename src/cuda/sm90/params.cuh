@@ -127,6 +127,7 @@ struct FwdParams {
   int32_t causal, window_left, window_right;
   int32_t block_m;       // rows of q per tile: 64 per consumer warpgroup
   int32_t num_m_blocks;  // ceil(seqlen_q / block_m)
+  int32_t row_shift;     // rows the first tile overhangs row 0 (causal_row_shift, launch_template.cuh)
   int32_t num_tiles;     // num_m_blocks * batch * num_heads
   int32_t heads_per_section;  // (batch, head) pairs whose k, v share L2 (the scheduler's swizzle)
   // Divisors of the tile decode: tiles of a section, heads of a section (of the last one, which

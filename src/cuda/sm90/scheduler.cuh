@@ -20,10 +20,19 @@ namespace flashattn::cuda::sm90 {
 
 struct Tile {
   int32_t m_block, batch, head;
+  // First q row of the tile in its sequence: m_block * block_m - FwdParams::row_shift (a causal
+  // tile may overhang row 0). Rows outside [0, seqlen_q) are computed and not stored.
+  int32_t row0;
   int64_t q_start, k_start;  // first row of the sequence in the packed tensors (0 unless varlen)
   int32_t seqlen_q, seqlen_k;
   bool valid;  // false: past the end of a shorter varlen sequence (nothing to do)
 };
+
+// Whether q row `row` of the tile's sequence exists (rows < 0: a causal tile's overhang, rows >=
+// seqlen_q: past the end); only those are stored.
+__device__ __forceinline__ bool row_in_sequence(const Tile& tile, int32_t row) {
+  return uint32_t(row) < uint32_t(tile.seqlen_q);
+}
 
 // The tile of this CTA in round r (>= num_tiles: none in this round).
 __device__ __forceinline__ int32_t tile_of_round(int32_t r, const FwdParams& p) {
@@ -56,6 +65,7 @@ __device__ __forceinline__ Tile decode_tile(int32_t t, const FwdParams& p) {
     tile.seqlen_q = p.seqlen_q;
     tile.seqlen_k = p.seqlen_k;
   }
+  tile.row0 = tile.m_block * p.block_m - p.row_shift;
   tile.valid = int64_t(tile.m_block) * p.block_m < tile.seqlen_q;
   return tile;
 }
@@ -78,8 +88,8 @@ __device__ __forceinline__ bool next_tile(int32_t& r, const FwdParams& p, Tile& 
 // The key blocks [n_begin, n_end) a tile of block_m rows must visit, from the mask of its rows.
 template <int kBlockM, int kBlockN>
 __device__ __forceinline__ void key_block_range(const Tile& tile, const Mask& mask, int32_t& n_begin, int32_t& n_end) {
-  const int64_t first_row = int64_t(tile.m_block) * kBlockM;
-  const int64_t last_row = min(first_row + kBlockM, int64_t(tile.seqlen_q)) - 1;
+  const int64_t first_row = max(tile.row0, 0);
+  const int64_t last_row = min(int64_t(tile.row0) + kBlockM, int64_t(tile.seqlen_q)) - 1;
   const int64_t key_begin = mask.key_begin(first_row), key_end = mask.key_end(last_row);
   n_begin = int32_t(key_begin / kBlockN);
   n_end = key_end > key_begin ? int32_t((key_end + kBlockN - 1) / kBlockN) : n_begin;
