@@ -8,7 +8,8 @@ causal and not, forward and backward; plus the seeds' classic small problem.
 
 Each measurement is one JSON line: impl, pass, dtype, batch, heads, seqlen_q, seqlen_k,
 head_dim, causal, ms, tflops, device, date (+ max_abs_diff vs torch's math/flash output, and
-peak extra memory for the classic problem); and the card's cuBLAS matmul ceiling before and after
+peak extra memory for the classic problem); decode problems (one query row, long K/V cache; their
+K/V bandwidth as gbps; problem "decode"); and the card's cuBLAS matmul ceiling before and after
 the sweep (problem "ceiling").
 
 usage: python3 bench/gpu_bench.py --lib build/libflashattn.so --out results.jsonl [--quick]
@@ -182,6 +183,46 @@ def classic(lib, device, date):
     return rows
 
 
+def decode(lib, impls, device, date):
+    """One query row against a long key/value cache (inference decode), MHA, head_dim 128, bf16: the
+    case where batch x heads x q-blocks cannot fill the GPU and the keys must be split. The figure of
+    merit is the bandwidth of reading K and V once (GB/s); flashattn-auto is the library's own choice."""
+    rows = []
+    heads, d = 16, 128
+    for batch in (1, 4, 16):
+        for sk in (4096, 16384, 65536):
+            gen = torch.Generator(device="cuda").manual_seed(batch * 7 + sk)
+            q = torch.randn(batch, 1, heads, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+            k, v = (torch.randn(batch, sk, heads, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                    for _ in range(2))
+            kv_bytes = 2 * k.numel() * k.element_size()
+            base = dict(dtype="bf16", batch=batch, heads=heads, seqlen_q=1, seqlen_k=sk, head_dim=d, causal=False,
+                        device=device, date=date, problem="decode")
+            with torch.no_grad():
+                ref = torch_fwd(SDPBackend.FLASH_ATTENTION, q, k, v, False).float()
+            for impl in ["flashattn-auto"] + [i for i in impls if i != "torch-math"]:
+                try:
+                    if impl.startswith("flashattn"):
+                        ours = Ours(lib, "auto" if impl == "flashattn-auto" else impl, q, k, v, False)
+                        fn = ours.forward
+                    else:
+                        backend = TORCH_BACKENDS[impl]
+                        fn = lambda: torch_fwd(backend, q, k, v, False)  # noqa: E731
+                    with torch.no_grad():
+                        diff = (fn().float() - ref).abs().max().item()
+                        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    rows.append(dict(impl=impl, **{"pass": "fwd"}, **base, ms=ms,
+                                     tflops=flops(batch, heads, 1, sk, d, False, False) / ms / 1e9,
+                                     gbps=kv_bytes / ms / 1e6, max_abs_diff=diff))
+                except Exception as e:
+                    print(f"  decode {impl} b={batch} sk={sk}: {type(e).__name__}: {e}", file=sys.stderr)
+            print(f"decode b={batch} sk={sk}: " + " ".join(f"{r['impl']}={r['gbps']:.0f}GB/s" for r in rows
+                                                           if r["batch"] == batch and r["seqlen_k"] == sk), flush=True)
+            del k, v
+            torch.cuda.empty_cache()
+    return rows
+
+
 def ceiling(device, date, when):
     """The card's matrix-product ceiling as ANCHORS.md measures it (cuBLAS bf16 8192^3): the same
     chip model read 671-794 TFLOP/s in our runs, from card to card and as a card heats (its power
@@ -201,13 +242,21 @@ def main():
     ap.add_argument("--impls", default="flashattn-sm90,flashattn-sm80,torch-flash,torch-efficient,torch-cudnn,torch-math")
     ap.add_argument("--head-dims", default="64,128,256", help="subset of the sweep's head dims")
     ap.add_argument("--passes", default="fwd,bwd", help="subset of the passes (d256 is forward only)")
+    ap.add_argument("--decode-only", action="store_true", help="only the decode problems")
     args = ap.parse_args()
     lib = fa.load(args.lib)
     device = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
     impls = args.impls.split(",")
+    if args.decode_only:
+        rows = decode(lib, impls, device, date)
+        with open(args.out, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+        print(f"wrote {len(rows)} rows to {args.out}")
+        return
     seqlens = [2048, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
-    rows = ceiling(device, date, "before") + classic(lib, device, date)
+    rows = ceiling(device, date, "before") + classic(lib, device, date) + decode(lib, impls, device, date)
     dims = [int(x) for x in args.head_dims.split(",")]
     for d, heads, passes in ((64, 32, "fwd,bwd"), (128, 16, "fwd,bwd"), (256, 8, "fwd")):
         passes = ",".join(x for x in passes.split(",") if x in args.passes.split(","))

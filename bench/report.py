@@ -76,6 +76,18 @@ def table(rows):
         lines.append("|---|---|---|---|")
         for r in classic:
             lines.append(f"| {r['impl']} | {r['ms']:.3f} | {r['tflops']:.0f} | {r.get('peak_extra_mb', 0):.0f} |")
+    dec = [r for r in rows if r.get("problem") == "decode"]
+    if dec:
+        shapes = sorted({(r["batch"], r["seqlen_k"]) for r in dec})
+        impls = sorted({r["impl"] for r in dec})
+        gbps = {(r["impl"], r["batch"], r["seqlen_k"]): r["gbps"] for r in dec}
+        lines.append(f"\n**decode: one query row, {dec[0]['heads']} heads, head_dim {dec[0]['head_dim']}, "
+                     f"{dec[0]['dtype']}** (GB/s of K and V read)\n")
+        lines.append("| impl | " + " | ".join(f"b{b} {sk // 1024}k" for b, sk in shapes) + " |")
+        lines.append("|---|" + "---|" * len(shapes))
+        for impl in impls:
+            vals = [f"{gbps[(impl, b, sk)]:.0f}" if (impl, b, sk) in gbps else "–" for b, sk in shapes]
+            lines.append(f"| {impl} | " + " | ".join(vals) + " |")
     ceil = [r for r in rows if r.get("problem") == "ceiling"]
     if ceil:
         lines.append("\n**the card's ceiling: cuBLAS bf16 matmul 8192^3, before and after the sweep** (TFLOP/s): "

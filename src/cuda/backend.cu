@@ -36,8 +36,16 @@ int current_sm() {
 }  // namespace
 
 fa_impl best_impl(const fa_params& p, bool backward) {
-  if (current_sm() == 90 && (backward ? sm90_backward_supports(p) : sm90_supports(p))) return FA_IMPL_CUDA_SM90;
-  return FA_IMPL_CUDA_SM80;
+  if (current_sm() != 90) return FA_IMPL_CUDA_SM80;
+  if (backward) return sm90_backward_supports(p) ? FA_IMPL_CUDA_SM90 : FA_IMPL_CUDA_SM80;
+  if (!sm90_supports(p)) return FA_IMPL_CUDA_SM80;
+  // The Hopper forward does not split the keys. Where its tiles leave SMs idle (decode: one query
+  // row per head over a long cache) and the sm80 forward splits them, or the caller asks for splits,
+  // the sm80 one is faster: batch 1, 16 heads, head_dim 128 read K and V at 0.8-2.2 TB/s against
+  // 0.44-0.54 (bench/results/h100.json, problem "decode").
+  const bool split = sm80_forward_splits(p) > 1;
+  if (split && (p.num_splits > 1 || !sm90_forward_fills_gpu(p))) return FA_IMPL_CUDA_SM80;
+  return FA_IMPL_CUDA_SM90;
 }
 
 Status workspace_size(const fa_params& p, fa_impl impl, bool backward, size_t* bytes) {

@@ -18,12 +18,14 @@ Status standard_forward(const fa_params& p);
 // backward's holds D = rowsum(dO * O) and the fp32 dQ accumulator.
 size_t sm80_forward_workspace(const fa_params& p);
 Status sm80_forward(const fa_params& p);
+int sm80_forward_splits(const fa_params& p);  // key splits sm80_forward would run p with (1: none)
 size_t sm80_backward_workspace(const fa_params& p);
 Status sm80_backward(const fa_params& p);
 
 // Hopper forward (TMA + wgmma + warp specialization, sm_90a). sm90_supports says whether this
 // problem (dtype, head_dim, device) has a kernel; otherwise the dispatcher uses sm80.
 bool sm90_supports(const fa_params& p);
+bool sm90_forward_fills_gpu(const fa_params& p);  // whether its tiles give every SM one (it has no split-KV)
 size_t sm90_forward_workspace(const fa_params& p);
 Status sm90_forward(const fa_params& p);
 

@@ -5,6 +5,7 @@
 // of many query rows (launch_template.cuh). Skips without an sm_90 GPU.
 #include <gtest/gtest.h>
 
+#include "cuda/cuda_backend.hpp"
 #include "support/harness.hpp"
 
 namespace {
@@ -115,5 +116,44 @@ TEST_P(Sm90Forward, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Standard, Sm90Forward, testing::ValuesIn(sm90_forward_cases()), param_name);
+
+// The dispatcher on an sm_90 GPU takes the Hopper forward, except where its tiles leave SMs idle and
+// the sm80 forward splits the keys (decode), or the caller asks for splits.
+TEST(Sm90Dispatch, DecodeGoesToTheSplitKvForward) {
+  if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
+  fa_params p;
+  fa_params_init(&p);
+  p.dtype = FA_BFLOAT16, p.head_dim = 128, p.num_heads = p.num_heads_kv = 16, p.batch = 1;
+  p.seqlen_q = 1, p.seqlen_k = 16384;
+  auto layout = [&] {  // contiguous (batch, seqlen, heads, head_dim); the pointers stay null (not read)
+    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = p.head_dim;
+    p.q_row_stride = p.o_row_stride = p.k_row_stride = p.v_row_stride = int64_t(p.num_heads) * p.head_dim;
+    p.q_batch_stride = p.o_batch_stride = p.seqlen_q * p.q_row_stride;
+    p.k_batch_stride = p.v_batch_stride = p.seqlen_k * p.k_row_stride;
+  };
+  layout();
+  EXPECT_EQ(flashattn::cuda::best_impl(p, false), FA_IMPL_CUDA_SM80);  // 16 tiles
+  EXPECT_EQ(flashattn::cuda::best_impl(p, true), FA_IMPL_CUDA_SM90);
+  p.batch = 16;  // 256 tiles: every SM has one
+  EXPECT_EQ(flashattn::cuda::best_impl(p, false), FA_IMPL_CUDA_SM90);
+  p.num_splits = 4;
+  EXPECT_EQ(flashattn::cuda::best_impl(p, false), FA_IMPL_CUDA_SM80);
+  p.num_splits = 0, p.batch = 1, p.seqlen_q = 4096;  // a long prefill: no split
+  layout();
+  EXPECT_EQ(flashattn::cuda::best_impl(p, false), FA_IMPL_CUDA_SM90);
+}
+
+// The decode problems the dispatcher sends to the split-KV forward, through FA_IMPL_AUTO.
+TEST(Sm90Dispatch, DecodeThroughAutoMatchesReference) {
+  if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
+  for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
+    Case c;
+    c.dtype = dt, c.head_dim = 128, c.batch = 2, c.seqlen_q = 1, c.seqlen_k = 9000, c.num_heads = 8;
+    c.num_heads_kv = 8;
+    EXPECT_TRUE(fa_test::check_forward(c, FA_IMPL_AUTO, fa_test::Space::Cuda));
+    c.num_heads_kv = 2, c.seqlen_q = 3, c.causal = true;  // GQA, a few query rows
+    EXPECT_TRUE(fa_test::check_forward(c, FA_IMPL_AUTO, fa_test::Space::Cuda));
+  }
+}
 
 }  // namespace

@@ -120,6 +120,13 @@ fa_params gqa_decode_view(const fa_params& p) {
 
 }  // namespace
 
+int sm80_forward_splits(const fa_params& params) {
+  const fa_params p = gqa_decode_view(params);
+  const int kernel_head_dim = sm80::fwd_kernel_head_dim(p.head_dim);
+  if (kernel_head_dim == 0 || p.batch == 0 || p.batch > 65535) return 1;
+  return num_splits(p, sm80::fwd_config(kernel_head_dim));
+}
+
 size_t sm80_forward_workspace(const fa_params& params) {
   const fa_params p = gqa_decode_view(params);
   const int kernel_head_dim = sm80::fwd_kernel_head_dim(p.head_dim);

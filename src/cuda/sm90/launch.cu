@@ -73,6 +73,14 @@ Status make_tensor_map(CUtensorMap* map, const void* base, bool bf16, int head_d
 
 }  // namespace sm90
 
+bool sm90_forward_fills_gpu(const fa_params& p) {
+  sm90::DeviceInfo dev;
+  if (!sm90::device_info(&dev).ok()) return true;
+  // Every configuration's tiles have 128 query rows or more (launch_template.cuh).
+  const int64_t tiles = int64_t(p.batch) * p.num_heads * ((int64_t(p.seqlen_q) + 127) / 128);
+  return tiles >= dev.num_sms;
+}
+
 bool sm90_supports(const fa_params& p) {
   if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16) return false;
   bool built = false;
