@@ -39,10 +39,13 @@ fa_impl best_impl(const fa_params& p, bool backward) {
   if (current_sm() != 90) return FA_IMPL_CUDA_SM80;
   if (backward) return sm90_backward_supports(p) ? FA_IMPL_CUDA_SM90 : FA_IMPL_CUDA_SM80;
   if (!sm90_supports(p)) return FA_IMPL_CUDA_SM80;
-  // The Hopper forward does not split the keys. Where its tiles leave SMs idle (decode: one query
-  // row per head over a long cache) and the sm80 forward splits them, or the caller asks for splits,
-  // the sm80 one is faster: batch 1, 16 heads, head_dim 128 read K and V at 0.8-2.2 TB/s against
-  // 0.44-0.54 (bench/results/h100.json, problem "decode").
+  // Decode (a few query rows over a long cache) runs the sm80 forward's decode config: 64-row tiles
+  // (the Hopper ones have 128 or more) and split-KV (the Hopper forward has none, so its grid is
+  // batch x heads tiles). 16 heads, head_dim 128, 4k-64k keys: 1.1-2.7 TB/s of K and V against
+  // 0.44-0.53 at batch 1, 2-4% more at batch 16 (bench/results/h100-decode.json). Elsewhere the sm80
+  // forward only where it splits the keys and the Hopper tiles leave SMs idle, or the caller asks
+  // for splits.
+  if (sm80_forward_decode(p)) return FA_IMPL_CUDA_SM80;
   const bool split = sm80_forward_splits(p) > 1;
   if (split && (p.num_splits > 1 || !sm90_forward_fills_gpu(p))) return FA_IMPL_CUDA_SM80;
   return FA_IMPL_CUDA_SM90;

@@ -19,6 +19,9 @@ Status standard_forward(const fa_params& p);
 size_t sm80_forward_workspace(const fa_params& p);
 Status sm80_forward(const fa_params& p);
 int sm80_forward_splits(const fa_params& p);  // key splits sm80_forward would run p with (1: none)
+// Whether p is a decode step for it: the query rows (a kv head's group of heads, for one row) fit
+// its decode config's tile (fwd_config.cuh), over 16 key blocks or more.
+bool sm80_forward_decode(const fa_params& p);
 size_t sm80_backward_workspace(const fa_params& p);
 Status sm80_backward(const fa_params& p);
 

@@ -117,8 +117,9 @@ TEST_P(Sm90Forward, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Standard, Sm90Forward, testing::ValuesIn(sm90_forward_cases()), param_name);
 
-// The dispatcher on an sm_90 GPU takes the Hopper forward, except where its tiles leave SMs idle and
-// the sm80 forward splits the keys (decode), or the caller asks for splits.
+// The dispatcher on an sm_90 GPU takes the Hopper forward, except for decode (a few query rows over
+// 16 key blocks or more: the sm80 decode config), where its tiles leave SMs idle and the sm80 forward
+// splits the keys, or where the caller asks for splits.
 TEST(Sm90Dispatch, DecodeGoesToTheSplitKvForward) {
   if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
   fa_params p;
@@ -134,11 +135,14 @@ TEST(Sm90Dispatch, DecodeGoesToTheSplitKvForward) {
   layout();
   EXPECT_EQ(flashattn::cuda::best_impl(p, false), FA_IMPL_CUDA_SM80);  // 16 tiles
   EXPECT_EQ(flashattn::cuda::best_impl(p, true), FA_IMPL_CUDA_SM90);
-  p.batch = 16;  // 256 tiles: every SM has one
+  p.batch = 16;  // 256 tiles: every SM has one, and still decode
+  EXPECT_EQ(flashattn::cuda::best_impl(p, false), FA_IMPL_CUDA_SM80);
+  p.seqlen_k = 512;  // 8 key blocks: not decode, the Hopper tiles fill the GPU
+  layout();
   EXPECT_EQ(flashattn::cuda::best_impl(p, false), FA_IMPL_CUDA_SM90);
   p.num_splits = 4;
   EXPECT_EQ(flashattn::cuda::best_impl(p, false), FA_IMPL_CUDA_SM80);
-  p.num_splits = 0, p.batch = 1, p.seqlen_q = 4096;  // a long prefill: no split
+  p.num_splits = 0, p.batch = 1, p.seqlen_q = 4096, p.seqlen_k = 16384;  // a long prefill: no split
   layout();
   EXPECT_EQ(flashattn::cuda::best_impl(p, false), FA_IMPL_CUDA_SM90);
 }

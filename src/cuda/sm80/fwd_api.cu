@@ -31,20 +31,25 @@ int sm_count() {
 
 int64_t num_rows(const fa_params& p) { return is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q; }
 
-// Split-KV when the (q-block, head, batch) grid leaves SMs idle and the keys are long, or when each
-// sequence is a single q-block over many key blocks (decode-like: every CTA is one long serial,
-// latency-bound loop): about 8 CTAs per SM then, at least 2 key blocks per split.
+// Split-KV when the (q-block, head, batch) grid leaves SMs idle and the keys are long (about 8 CTAs
+// per SM then), or when each sequence is a single q-block over many key blocks (decode-like: every
+// CTA is one long serial, latency-bound loop; at most 2 CTAs per SM: one wave of the decode config,
+// since a few CTAs past it run alone as a second wave). At least 2 key blocks per split. Decode on
+// the H100 (16 heads, head_dim 128) read K and V fastest at 8-16 splits at batch 1, 4 at batch 4,
+// 1 at batch 16 (dev/sm80fwd/decode_splits.py); 8 CTAs per SM there split 2-4 times too often and
+// read 10-30% slower, and 17 splits at batch 1 (272 CTAs) 20% slower than 16.
 int num_splits(const fa_params& p, const FwdConfig& c) {
   const int n_blocks = (p.seqlen_k + c.block_n - 1) / c.block_n;
   const int max_splits = std::min({kMaxSplits, std::max(n_blocks, 1), 65535 / std::max(p.batch, 1)});
   if (p.num_splits >= 1) return std::clamp(p.num_splits, 1, max_splits);
   const int m_blocks = (p.seqlen_q + c.block_m - 1) / c.block_m;
   const int64_t ctas = int64_t(p.batch) * p.num_heads * m_blocks;
-  const int64_t sms = sm_count(), target = 8 * sms;
+  const int64_t sms = sm_count();
   const bool fills = ctas >= int64_t(0.8 * double(sms));
-  const bool decode_like = m_blocks == 1 && n_blocks >= 16 && ctas < target;
+  const bool decode_like = m_blocks == 1 && n_blocks >= 16 && ctas < 2 * sms;
+  const int64_t target = (decode_like ? 2 : 8) * sms;
   if (ctas == 0 || (fills && !decode_like)) return 1;
-  const int want = int((target + ctas - 1) / ctas);
+  const int want = int(decode_like ? target / ctas : (target + ctas - 1) / ctas);
   const int splits = std::min({want, n_blocks / 2, max_splits});
   return splits >= 2 ? splits : 1;
 }
@@ -120,11 +125,30 @@ fa_params gqa_decode_view(const fa_params& p) {
 
 }  // namespace
 
+namespace {
+// The kernel head dim of p (after gqa_decode_view) when its sm80 forward kernel was built, else 0.
+int built_head_dim(const fa_params& p) {
+  const int kernel_head_dim = sm80::fwd_kernel_head_dim(p.head_dim);
+  if (kernel_head_dim == 0 || p.batch == 0 || p.batch > 65535) return 0;
+  const bool built = p.dtype == FA_FLOAT16 ? sm80::fwd_launcher<__half>(kernel_head_dim) != nullptr
+                                           : sm80::fwd_launcher<__nv_bfloat16>(kernel_head_dim) != nullptr;
+  return built ? kernel_head_dim : 0;
+}
+}  // namespace
+
 int sm80_forward_splits(const fa_params& params) {
   const fa_params p = gqa_decode_view(params);
-  const int kernel_head_dim = sm80::fwd_kernel_head_dim(p.head_dim);
-  if (kernel_head_dim == 0 || p.batch == 0 || p.batch > 65535) return 1;
-  return num_splits(p, sm80::fwd_config(kernel_head_dim));
+  const int kernel_head_dim = built_head_dim(p);
+  return kernel_head_dim == 0 ? 1 : num_splits(p, sm80::fwd_config(kernel_head_dim));
+}
+
+bool sm80_forward_decode(const fa_params& params) {
+  const fa_params p = gqa_decode_view(params);
+  const int kernel_head_dim = built_head_dim(p);
+  if (kernel_head_dim == 0) return false;
+  const FwdConfig table = sm80::fwd_config(kernel_head_dim), decode = sm80::fwd_decode_config(kernel_head_dim);
+  return decode.block_m < table.block_m && p.seqlen_q <= decode.block_m &&
+         (p.seqlen_k + table.block_n - 1) / table.block_n >= 16;
 }
 
 size_t sm80_forward_workspace(const fa_params& params) {

@@ -66,6 +66,24 @@ constexpr FwdConfig fwd_config(int kernel_head_dim) {
   return {0, 0, 0, 0, 0};
 }
 
+// Dev switch: warps of the decode configs (fwd_decode_config); 0: none.
+#ifndef FLASHATTN_SM80_DECODE_WARPS
+#define FLASHATTN_SM80_DECODE_WARPS 4
+#endif
+
+// Decode: query rows that fit one tile of 16 rows a warp (gqa_decode_view has put a kv head's group
+// of query heads in the rows) run the table's block_n and stages with that smaller tile. A 128-row
+// tile computes 127 dropped rows for each one of a single-row decode step, and that mma work, not
+// reading K and V, bounded the split-KV forward. Head dims up to 128: past that the table's tiles
+// already have 16 rows a warp (and 4 warps of 16 rows spill 284 bytes at head_dim 256); there the
+// decode config is the table's.
+constexpr FwdConfig fwd_decode_config(int kernel_head_dim) {
+  const FwdConfig c = fwd_config(kernel_head_dim);
+  constexpr int kWarps = FLASHATTN_SM80_DECODE_WARPS;
+  if (kWarps <= 0 || c.head_dim > 128) return c;
+  return {c.head_dim, 16 * kWarps, c.block_n, kWarps, c.stages};
+}
+
 // Compile-time traits of one config (a table entry, or a candidate in dev/sm80fwd).
 template <FwdConfig kConfig>
 struct FwdTraits {
