@@ -123,9 +123,6 @@ fa_params gqa_decode_view(const fa_params& p) {
   return v;  // lse (batch, heads, 1) is (batch, heads_kv, group) with the same indices
 }
 
-}  // namespace
-
-namespace {
 // The kernel head dim of p (after gqa_decode_view) when its sm80 forward kernel was built, else 0.
 int built_head_dim(const fa_params& p) {
   const int kernel_head_dim = sm80::fwd_kernel_head_dim(p.head_dim);
@@ -134,6 +131,7 @@ int built_head_dim(const fa_params& p) {
                                            : sm80::fwd_launcher<__nv_bfloat16>(kernel_head_dim) != nullptr;
   return built ? kernel_head_dim : 0;
 }
+
 }  // namespace
 
 int sm80_forward_splits(const fa_params& params) {
