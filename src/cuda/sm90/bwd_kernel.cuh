@@ -51,7 +51,6 @@ struct BwdTraits {
                 "every tile starts on a 1024-byte swizzle atom");
 };
 
-
 // x through an opaque move: the descriptors built from it inside the q-block loop are not hoisted
 // out of the loop (several dozen loop-invariant 64-bit descriptors would crowd out the accumulators).
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {

@@ -30,13 +30,12 @@ int32_t causal_row_shift(const fa_params& p, int32_t num_m_blocks) {
   const int32_t pad = num_m_blocks * T::kBlockM - p.seqlen_q;
   if (!p.causal || is_varlen(p) || pad == 0 || T::kBlockM % T::kBlockN == 0) return 0;
   const Mask mask(p.seqlen_q, p.seqlen_k, true, p.window_left, p.window_right);
-  auto key_blocks = [&](int32_t shift) {  // as key_block_range, summed over the m_blocks
+  auto key_blocks = [&](int32_t shift) {  // the tiles' key_block_range, summed
     int64_t total = 0;
     for (int32_t m = 0; m < num_m_blocks; ++m) {
-      const int64_t first_row = std::max<int64_t>(int64_t(m) * T::kBlockM - shift, 0);
-      const int64_t last_row = std::min<int64_t>(int64_t(m + 1) * T::kBlockM - shift, p.seqlen_q) - 1;
-      const int64_t key_begin = mask.key_begin(first_row), key_end = mask.key_end(last_row);
-      if (key_end > key_begin) total += (key_end + T::kBlockN - 1) / T::kBlockN - key_begin / T::kBlockN;
+      int32_t n_begin, n_end;
+      key_block_range<T::kBlockM, T::kBlockN>(m * T::kBlockM - shift, mask, n_begin, n_end);
+      total += n_end - n_begin;
     }
     return total;
   };

@@ -85,14 +85,20 @@ __device__ __forceinline__ bool next_tile(int32_t& r, const FwdParams& p, Tile& 
   return false;
 }
 
-// The key blocks [n_begin, n_end) a tile of block_m rows must visit, from the mask of its rows.
+// The key blocks [n_begin, n_end) a tile of block_m rows from row0 (of those, the rows in [0,
+// mask.seqlen_q)) must visit, from the mask of its rows. Also on the host (causal_row_shift).
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ void key_block_range(const Tile& tile, const Mask& mask, int32_t& n_begin, int32_t& n_end) {
-  const int64_t first_row = max(tile.row0, 0);
-  const int64_t last_row = min(int64_t(tile.row0) + kBlockM, int64_t(tile.seqlen_q)) - 1;
-  const int64_t key_begin = mask.key_begin(first_row), key_end = mask.key_end(last_row);
+__host__ __device__ __forceinline__ void key_block_range(int32_t row0, const Mask& mask, int32_t& n_begin,
+                                                         int32_t& n_end) {
+  const int64_t first_row = row0 > 0 ? row0 : 0;
+  const int64_t end_row = int64_t(row0) + kBlockM < mask.seqlen_q ? int64_t(row0) + kBlockM : mask.seqlen_q;
+  const int64_t key_begin = mask.key_begin(first_row), key_end = mask.key_end(end_row - 1);
   n_begin = int32_t(key_begin / kBlockN);
   n_end = key_end > key_begin ? int32_t((key_end + kBlockN - 1) / kBlockN) : n_begin;
+}
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ void key_block_range(const Tile& tile, const Mask& mask, int32_t& n_begin, int32_t& n_end) {
+  key_block_range<kBlockM, kBlockN>(tile.row0, mask, n_begin, n_end);
 }
 
 }  // namespace flashattn::cuda::sm90
