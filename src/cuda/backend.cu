@@ -27,11 +27,8 @@ bool is_device_pointer(const void* ptr) {
 
 namespace {
 int current_sm() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major * 10 + minor;
+  DeviceInfo dev;
+  return device_info(&dev).ok() ? dev.sm : 0;
 }
 }  // namespace
 

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 
 #include "common/status.hpp"
 
@@ -22,6 +23,47 @@ inline Status cuda_status(cudaError_t err, const char* what) {
 #define FA_CUDA_CHECK(expr) FA_RETURN_IF_ERROR(::flashattn::cuda::cuda_status((expr), #expr))
 
 inline cudaStream_t stream_of(const fa_params& p) { return static_cast<cudaStream_t>(p.stream); }
+
+// What the dispatch and the launch heuristics ask of the current device.
+struct DeviceInfo {
+  int index = 0;
+  int sm = 0;  // compute capability, major * 10 + minor
+  int num_sms = 1;
+  int64_t l2_bytes = int64_t(50) << 20;
+};
+
+// The current device's DeviceInfo: which device is current is asked on every call (cudaSetDevice
+// changes it), its attributes once per device ordinal (below 64; past that on every call).
+inline Status device_info(DeviceInfo* info) {
+  int dev = 0;
+  if (const cudaError_t err = cudaGetDevice(&dev); err != cudaSuccess) {
+    cudaGetLastError();  // not left behind for a later launch check
+    return cuda_status(err, "cudaGetDevice");
+  }
+  auto query = [dev] {
+    DeviceInfo d;
+    d.index = dev;
+    int major = 0, minor = 0, sms = 0, l2 = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+    d.sm = major * 10 + minor;
+    if (sms > 0) d.num_sms = sms;
+    if (l2 > 0) d.l2_bytes = l2;
+    return d;
+  };
+  constexpr int kCachedDevices = 64;
+  if (dev < 0 || dev >= kCachedDevices) {
+    *info = query();
+    return {};
+  }
+  static DeviceInfo cache[kCachedDevices];
+  static std::once_flag once[kCachedDevices];
+  std::call_once(once[dev], [&] { cache[dev] = query(); });
+  *info = cache[dev];
+  return {};
+}
 
 // Both GPU forwards' online softmax: a row's running max moves only when a key block raises it by
 // more than kMaxSlack (log2 units; a row's first visible block always does). O / l and the lse

@@ -7,11 +7,20 @@
 
 namespace flashattn::sm80 {
 
-// Compute capability major of the current device: which cubin of the sm80 kernels runs (80 or 90).
-inline int device_major() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  return major;
+// The 2D main kernel (layout 1), one instance per softcap (bwd_kernel_2d.cuh).
+template <class T, int kHeadDim, bool kSoftcap>
+Status launch_bwd_main_2d(const BwdParams& bp, cudaStream_t stream) {
+  using Tr = Bwd2dTraits<T, kHeadDim>;
+  constexpr auto kernel = &bwd_main_2d_kernel<T, kHeadDim, kSoftcap>;
+  // The sm_90 build of the kernel stages dQ in shared memory (FLASHATTN_BWD_BULK_DQ).
+  cuda::DeviceInfo dev;
+  FA_RETURN_IF_ERROR(cuda::device_info(&dev));
+  const int smem = Tr::kSmemBytes + (dev.sm / 10 == 9 ? Tr::kDqStageBytes : 0);
+  FA_RETURN_IF_ERROR(cuda::opt_in_shared_memory<kernel>(smem, "flashattn-sm80", "backward", kHeadDim));
+  const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(bp.num_heads_kv),
+                  unsigned(bp.batch));
+  kernel<<<grid, Tr::kThreads, smem, stream>>>(bp);
+  return {};
 }
 
 // The three launches on bp's stream.
@@ -21,18 +30,8 @@ Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores)
   FA_RETURN_IF_ERROR((launch_bwd_preprocess<T, kHeadDim>(bp, stream, num_semaphores)));
   if (bp.seqlen_k > 0) {
     if constexpr (kConfig.layout == 1) {
-      using Tr = Bwd2dTraits<T, kHeadDim>;
-      constexpr auto kPlain = &bwd_main_2d_kernel<T, kHeadDim, false>;
-      constexpr auto kSoftcap = &bwd_main_2d_kernel<T, kHeadDim, true>;  // softcap: its own instance
-      const auto kernel = bp.softcap > 0.f ? kSoftcap : kPlain;
-      // The sm_90 build of the kernel stages dQ in shared memory (FLASHATTN_BWD_BULK_DQ).
-      const int smem = Tr::kSmemBytes + (device_major() == 9 ? Tr::kDqStageBytes : 0);
-      FA_RETURN_IF_ERROR(bp.softcap > 0.f
-                             ? cuda::opt_in_shared_memory<kSoftcap>(smem, "flashattn-sm80", "backward", kHeadDim)
-                             : cuda::opt_in_shared_memory<kPlain>(smem, "flashattn-sm80", "backward", kHeadDim));
-      const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(bp.num_heads_kv),
-                      unsigned(bp.batch));
-      kernel<<<grid, Tr::kThreads, smem, stream>>>(bp);
+      FA_RETURN_IF_ERROR((bp.softcap > 0.f ? launch_bwd_main_2d<T, kHeadDim, true>(bp, stream)
+                                           : launch_bwd_main_2d<T, kHeadDim, false>(bp, stream)));
     } else {
       using Tr = BwdTraits<T, kHeadDim>;
       constexpr auto kernel = &bwd_main_kernel<T, kHeadDim>;

@@ -21,12 +21,8 @@ using sm80::FwdParams;
 constexpr int kMaxSplits = 128;
 
 int sm_count() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 1;
-  }
-  return count;
+  DeviceInfo dev;
+  return device_info(&dev).ok() ? dev.num_sms : 1;
 }
 
 int64_t num_rows(const fa_params& p) { return is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q; }

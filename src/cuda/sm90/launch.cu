@@ -2,7 +2,6 @@
 // dispatch on (head_dim, dtype) to the instantiations fwd_hdim<N>_<dtype>.cu.
 #include <cudaTypedefs.h>
 
-#include <mutex>
 #include <tuple>
 
 #include "common/layout.hpp"
@@ -37,22 +36,6 @@ bool stride_ok(int64_t stride, int64_t extent) { return extent <= 1 || (stride >
 
 }  // namespace
 
-Status device_info(DeviceInfo* info) {
-  static DeviceInfo cache[kMaxDevices];
-  static std::once_flag once[kMaxDevices];
-  int dev = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= kMaxDevices) return unsupported("flashattn-sm90: device index %d", dev);
-  std::call_once(once[dev], [dev] {
-    int sms = 0, l2 = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
-    cache[dev] = {dev, sms > 0 ? sms : 1, l2 > 0 ? l2 : (50 << 20)};
-  });
-  *info = cache[dev];
-  return {};
-}
-
 Status make_tensor_map(CUtensorMap* map, const void* base, bool bf16, int head_dim, int64_t rows, int heads, int batch,
                        int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows) {
   auto encode = encode_tiled();
@@ -74,8 +57,8 @@ Status make_tensor_map(CUtensorMap* map, const void* base, bool bf16, int head_d
 }  // namespace sm90
 
 bool sm90_forward_fills_gpu(const fa_params& p) {
-  sm90::DeviceInfo dev;
-  if (!sm90::device_info(&dev).ok()) return true;
+  DeviceInfo dev;
+  if (!device_info(&dev).ok()) return true;
   // Every configuration's tiles have 128 query rows or more (launch_template.cuh).
   const int64_t tiles = int64_t(p.batch) * p.num_heads * ((int64_t(p.seqlen_q) + 127) / 128);
   return tiles >= dev.num_sms;

@@ -9,17 +9,6 @@
 
 namespace flashattn::cuda::sm90 {
 
-constexpr int kMaxDevices = 64;
-
-struct DeviceInfo {
-  int index = 0;
-  int num_sms = 0;
-  int64_t l2_bytes = 0;
-};
-
-// The current device's SM count and L2 size (looked up once per device).
-Status device_info(DeviceInfo* info);
-
 // A 4D tensor map (head_dim, rows, heads, batch) over a (batch, rows, heads, head_dim) tensor
 // with element strides, boxes of (64 columns, box_rows rows), 128-byte swizzle, zero fill
 // out of bounds.
