@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 
 #include "common/status.hpp"
 
@@ -30,6 +31,7 @@ struct DeviceInfo {
   int sm = 0;  // compute capability, major * 10 + minor
   int num_sms = 1;
   int64_t l2_bytes = int64_t(50) << 20;
+  int smem_per_block = 0;  // dynamic shared memory one block may opt in to (0: unknown)
 };
 
 // The current device's DeviceInfo: which device is current is asked on every call (cudaSetDevice
@@ -44,10 +46,13 @@ inline Status device_info(DeviceInfo* info) {
     DeviceInfo d;
     d.index = dev;
     int major = 0, minor = 0, sms = 0, l2 = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+    bool failed = false;
+    for (auto [value, attr] : {std::pair{&major, cudaDevAttrComputeCapabilityMajor},
+                               std::pair{&minor, cudaDevAttrComputeCapabilityMinor},
+                               std::pair{&sms, cudaDevAttrMultiProcessorCount}, std::pair{&l2, cudaDevAttrL2CacheSize},
+                               std::pair{&d.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin}})
+      failed |= cudaDeviceGetAttribute(value, attr, dev) != cudaSuccess;
+    if (failed) cudaGetLastError();  // a failed query keeps its default and leaves no error behind
     d.sm = major * 10 + minor;
     if (sms > 0) d.num_sms = sms;
     if (l2 > 0) d.l2_bytes = l2;
@@ -76,24 +81,23 @@ constexpr float kMaxSlack = 8.f;
 // sized for the A100 (163 KB), and a GPU with less (99 KB on sm_86 / sm_89 cards) gets this error
 // instead of cudaFuncSetAttribute's "invalid argument".
 inline Status require_shared_memory(int bytes, const char* impl, const char* pass, int head_dim) {
-  int device = 0, limit = 0;
-  FA_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
-  FA_RETURN_IF_ERROR(cuda_status(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-                                 "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)"));
-  if (bytes <= limit) return {};
+  DeviceInfo dev;
+  FA_RETURN_IF_ERROR(device_info(&dev));
+  if (bytes <= dev.smem_per_block) return {};
   return unsupported("%s: the %s kernel for head_dim %d needs %d bytes of shared memory per block; this GPU allows %d",
-                     impl, pass, head_dim, bytes, limit);
+                     impl, pass, head_dim, bytes, dev.smem_per_block);
 }
 
 // Lets kKernel launch with `bytes` (the same on every call) of dynamic shared memory on the current
 // device: the first call there checks the GPU's limit (require_shared_memory) and sets the attribute,
-// later ones cost a cudaGetDevice (one bit per device ordinal; ordinals past 63 set it every call).
+// later ones cost device_info's cudaGetDevice (one bit per device ordinal; ordinals past 63 set it
+// every call).
 template <auto kKernel>
 Status opt_in_shared_memory(int bytes, const char* impl, const char* pass, int head_dim) {
   static std::atomic<uint64_t> opted_in{0};
-  int device = 0;
-  FA_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  DeviceInfo dev;
+  FA_RETURN_IF_ERROR(device_info(&dev));
+  const uint64_t bit = dev.index < 64 ? uint64_t(1) << dev.index : 0;
   if (opted_in.load(std::memory_order_acquire) & bit) return {};
   FA_RETURN_IF_ERROR(require_shared_memory(bytes, impl, pass, head_dim));
   FA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
