@@ -1,8 +1,8 @@
 // FA2 backward main kernel with 2D warp tiles (config layout 1), the FlashAttention-2 work split:
 // same algorithm, skipping, masking, GQA and deterministic order as bwd_main_kernel (bwd_kernel.cuh),
-// but every product is tiled over all the warps in 32-row warp tiles, and P^T, dS^T both go through
-// shared memory:
-//   S^T, dP^T (block_n x block_m)  warps (block_n / 32) x (warps / that), A = K_j, V_j, B = Q_i, dO_i
+// but every product is tiled over all the warps in 32- or 64-row warp tiles, and P^T, dS^T both go
+// through shared memory:
+//   S^T, dP^T (block_n x block_m)  warps (block_n / s_keys) x rest, A = K_j, V_j, B = Q_i, dO_i
 //   P^T, dS^T -> shared memory (16-bit, swizzled)
 //   dV, dK (block_n x head_dim)    warps (block_n / 32) x rest, A = P^T, dS^T, B = dO_i, Q_i (.trans)
 //   dQ (block_m x head_dim)        warps (block_m / 32) x rest, A = dS (dS^T .trans), B = K_j (.trans)
@@ -70,17 +70,24 @@ struct Bwd2dTraits {
   static_assert(kConfig.head_dim == kHeadDim && kConfig.layout == 1 && bwd_config_ok(kConfig), "not a layout-1 config");
   static constexpr int kBlockM = kConfig.block_m, kBlockN = kConfig.block_n, kWarps = kConfig.warps;
   static constexpr int kThreads = 32 * kWarps;
-  // S^T, dP^T and dK, dV: kWarpsN warps over the keys (32 each) x kWarpsX over queries / head_dim.
+  // dK, dV: kWarpsN warps over the keys (32 each) x kWarpsX over head_dim.
   static constexpr int kWarpsN = kBlockN / 32, kWarpsX = kWarps / kWarpsN;
-  static constexpr int kSCols = kBlockM / kWarpsX, kKvCols = kHeadDim / kWarpsX;
-  // S^T, dP^T of a warp's 32 x kSCols tile in passes of at most 32 query columns: at 64 columns
-  // (head_dim 64, block_m 128) both in registers beside dK, dV made ptxas spill 120 bytes.
-  static constexpr int kSPasses = kSCols > 32 ? kSCols / 32 : 1, kSPassCols = kSCols / kSPasses;
+  static constexpr int kKvCols = kHeadDim / kWarpsX;
+  // S^T, dP^T: kSWarpsN warps over the keys (kSKeys each, kSMi m16 tiles) x kSWarpsX over queries.
+  // head_dim 64 takes 64 x 32 warp tiles (FA2's 32 x 64 of S, transposed): a k-step's 6 ldmatrix
+  // feed 16 mma, where two passes of a 32 x 64 tile needed 8 (K, V fragments loaded twice); +1-2.5%
+  // (dev/sm80bwd/NOTES.md, session 17).
+  static constexpr int kSKeys = kConfig.s_keys, kSMi = kSKeys / 16;
+  static constexpr int kSWarpsN = kBlockN / kSKeys, kSWarpsX = kWarps / kSWarpsN;
+  static constexpr int kSCols = kBlockM / kSWarpsX;
+  // S^T and dP^T of the warp tile in registers beside dK, dV: a 32 x 64 tile spilled 120 bytes
+  // (head_dim 64; it ran in two passes of 32 query columns until session 17).
+  static_assert(kSCols <= 32, "S^T, dP^T warp tiles of at most 32 query columns");
   // P^T, dS^T stored at one per-thread offset and compile-time XOR / add steps (bwd_main_2d_kernel)
   // instead of the swizzled offset per fragment (~110 integer instructions a warp and iteration at
-  // head_dim 64, ncu): +5% at head_dim 64 (two passes). At head_dim 128 (one pass) ptxas spills with
-  // it (72 bytes beside the incremental tile offsets) and it gained nothing (dev/sm80bwd/NOTES.md).
-  static constexpr bool kXorStores = kSPasses > 1;
+  // head_dim 64, ncu): +5% at head_dim 64 (16 fragments a warp). At head_dim 128 (8) ptxas spills
+  // with it (72 bytes beside the incremental tile offsets) and it gained nothing (dev/sm80bwd/NOTES.md).
+  static constexpr bool kXorStores = kSMi * kSCols / 8 >= 16;
   // dQ: kDqWarpsM warps over the queries (32 each) x kDqWarpsD over head_dim.
   static constexpr int kDqWarpsM = kBlockM / 32, kDqWarpsD = kWarps / kDqWarpsM, kDqCols = kHeadDim / kDqWarpsD;
   using TileKV = SmemTile<kBlockN, kHeadDim>;  // K_j, V_j
@@ -105,7 +112,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   using TileQ = typename Tr::TileQ;
   using TileP = typename Tr::TileP;
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kThreads = Tr::kThreads;
-  constexpr int kSNp = Tr::kSPassCols / 16, kKvNp = Tr::kKvCols / 16, kDqNp = Tr::kDqCols / 16;
+  constexpr int kSNp = Tr::kSCols / 16, kKvNp = Tr::kKvCols / 16, kDqNp = Tr::kDqCols / 16;
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
@@ -193,10 +200,10 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     });
   }
 
-  // Warp tiles: keys key0 .. key0 + 31 of S^T, dP^T (query columns sq0 ..) and of dK, dV (head_dim
-  // columns kv_d0 ..); dQ rows dq_m0 .. dq_m0 + 31, columns dq_d0 ...
-  const int key0 = (warp % Tr::kWarpsN) * 32, wx = warp / Tr::kWarpsN;
-  const int sq0 = wx * Tr::kSCols, kv_d0 = wx * Tr::kKvCols;
+  // Warp tiles: keys skey0 .. skey0 + kSKeys - 1 of S^T, dP^T (query columns sq0 ..), keys key0 ..
+  // key0 + 31 of dK, dV (head_dim columns kv_d0 ..); dQ rows dq_m0 .. dq_m0 + 31, columns dq_d0 ...
+  const int key0 = (warp % Tr::kWarpsN) * 32, kv_d0 = (warp / Tr::kWarpsN) * Tr::kKvCols;
+  const int skey0 = (warp % Tr::kSWarpsN) * Tr::kSKeys, sq0 = (warp / Tr::kSWarpsN) * Tr::kSCols;
   const int dq_m0 = (warp % Tr::kDqWarpsM) * 32, dq_d0 = (warp / Tr::kDqWarpsM) * Tr::kDqCols;
 
   float acc_dk[2][2 * kKvNp][4], acc_dv[2][2 * kKvNp][4];
@@ -209,7 +216,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
 
   // ldmatrix lane addresses (patterns in mma.cuh): A of K/V rows and of P^T/dS^T rows, B of Q/dO
   // [q][d], B^T of Q/dO and K ([row][d], .trans), A^T of dS^T [key][q] (.trans).
-  const WarpCursor<kBlockN, kHeadDim> cur_k_a(smem_addr(sK), key0 + lane % 16, lane / 16, 0);
+  const WarpCursor<kBlockN, kHeadDim> cur_k_a(smem_addr(sK), skey0 + lane % 16, lane / 16, 0);
   const WarpCursor<kBlockM, kHeadDim> cur_q_b(smem_addr(sQ), sq0 + 8 * (lane / 16) + lane % 8, (lane / 8) % 2, 0);
   const WarpCursor<kBlockN, kBlockM> cur_p_a(smem_addr(sP), key0 + lane % 16, lane / 16, 0);
   const WarpCursor<kBlockM, kHeadDim> cur_q_bt(smem_addr(sQ), 8 * ((lane / 8) % 2) + lane % 8, lane / 16, kv_d0);
@@ -253,87 +260,85 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     }
     const int rows_k = seqlen_k - n0, cols_q = seqlen_q - m0;
 
-    // S^T = K Q_i^T and dP^T = V dO_i^T on the warp's 32 keys x kSCols queries, in passes of
-    // kSPassCols queries (S^T and dP^T of a pass in registers beside dK, dV).
+    // S^T = K Q_i^T and dP^T = V dO_i^T on the warp's kSKeys keys x kSCols queries (in registers
+    // beside dK, dV).
+    constexpr int kSMi = Tr::kSMi;
+    float s[kSMi][2 * kSNp][4], dp[kSMi][2 * kSNp][4];
 #pragma unroll
-    for (int pass = 0; pass < Tr::kSPasses; ++pass) {
-      const int sqp = sq0 + pass * Tr::kSPassCols;  // the pass's first query column
-      float s[2][2 * kSNp][4], dp[2][2 * kSNp][4];
+    for (int mi = 0; mi < kSMi; ++mi)
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
+      for (int nt = 0; nt < 2 * kSNp; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < 2 * kSNp; ++nt)
+        for (int e = 0; e < 4; ++e) s[mi][nt][e] = dp[mi][nt][e] = 0.f;
+    // One product at a time: fewer fragments live next to the accumulators.
+    auto gemm_st = [&](float (&acc)[kSMi][2 * kSNp][4], uint32_t a_off, uint32_t b_off) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mi][nt][e] = dp[mi][nt][e] = 0.f;
-      // One product at a time: fewer fragments live next to the accumulators.
-      auto gemm_st = [&](float (&acc)[2][2 * kSNp][4], uint32_t a_off, uint32_t b_off) {
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        uint32_t a[kSMi][4];
 #pragma unroll
-        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          uint32_t a[2][4];
+        for (int mi = 0; mi < kSMi; ++mi) ldsm_x4(a[mi], cur_k_a.at(mi * 16, kk * 16) + a_off);
 #pragma unroll
-          for (int mi = 0; mi < 2; ++mi) ldsm_x4(a[mi], cur_k_a.at(mi * 16, kk * 16) + a_off);
+        for (int np = 0; np < kSNp; ++np) {
+          uint32_t bf[4];
+          ldsm_x4(bf, cur_q_b.at(np * 16, kk * 16) + b_off);
 #pragma unroll
-          for (int np = 0; np < kSNp; ++np) {
-            uint32_t bf[4];
-            ldsm_x4(bf, cur_q_b.at(pass * Tr::kSPassCols + np * 16, kk * 16) + b_off);
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi) {
-              mma_16816<T>(acc[mi][2 * np], a[mi], bf[0], bf[1]);
-              mma_16816<T>(acc[mi][2 * np + 1], a[mi], bf[2], bf[3]);
-            }
+          for (int mi = 0; mi < kSMi; ++mi) {
+            mma_16816<T>(acc[mi][2 * np], a[mi], bf[0], bf[1]);
+            mma_16816<T>(acc[mi][2 * np + 1], a[mi], bf[2], bf[3]);
           }
         }
-      };
-      gemm_st(s, 0, q_buf);
-      gemm_st(dp, kVOff, q_buf + kDoOff);
+      }
+    };
+    gemm_st(s, 0, q_buf);
+    gemm_st(dp, kVOff, q_buf + kDoOff);
 
-      // P^T, dS^T in place, then to shared memory as 16-bit.
-      const float* lse_cols = sLse + buf * kBlockM + sqp + 2 * t;  // + nt * 8 + {0, 1}
-      const float* dsum_cols = sD + buf * kBlockM + sqp + 2 * t;
+    // P^T, dS^T in place, then to shared memory as 16-bit.
+    const float* lse_cols = sLse + buf * kBlockM + sq0 + 2 * t;  // + nt * 8 + {0, 1}
+    const float* dsum_cols = sD + buf * kBlockM + sq0 + 2 * t;
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        const BandMask band{key0 + mi * 16 + g, sqp + 2 * t, band_lo, band_hi, rows_k, cols_q};
-        // Softcap is a kernel instance of its own: with the softcap test inside the masked blocks' body
-        // (a branch per element), causal 512-2k keys measured 3-9% slower; a third body in the same
-        // kernel cost the unmasked loop 1-2.5% (dev/sm80bwd/NOTES.md, session 11).
-        if constexpr (kSoftcap) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
-        else if (need_mask) probs_and_grads<true, 2 * kSNp, false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, true);
-        else probs_and_grads<false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, false);
-      }
-      if constexpr (Tr::kXorStores) {
-        // Byte offset of (key0 + g, sqp + 2t) in P^T; the other fragments' offsets differ by constants:
-        // rows + 8 and + 16 keep the swizzle (row % 8), and the n8 tiles' units only in the low bits that
-        // nt sets (sqp is a multiple of the pass's power-of-two count of units): one XOR, no index math.
-        static_assert(TileP::kChunk % Tr::kSPassCols == 0 && is_pow2(Tr::kSPassCols / 8), "XOR-able n8 tiles");
-        const uint32_t st0 = uint32_t(2 * TileP::offset(key0 + g, sqp) + 4 * t);
-        char* const p_bytes = reinterpret_cast<char*>(sP);
-        char* const ds_bytes = reinterpret_cast<char*>(sDs);
+    for (int mi = 0; mi < kSMi; ++mi) {
+      const BandMask band{skey0 + mi * 16 + g, sq0 + 2 * t, band_lo, band_hi, rows_k, cols_q};
+      // Softcap is a kernel instance of its own: with the softcap test inside the masked blocks' body
+      // (a branch per element), causal 512-2k keys measured 3-9% slower; a third body in the same
+      // kernel cost the unmasked loop 1-2.5% (dev/sm80bwd/NOTES.md, session 11).
+      if constexpr (kSoftcap) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
+      else if (need_mask) probs_and_grads<true, 2 * kSNp, false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, true);
+      else probs_and_grads<false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, false);
+    }
+    if constexpr (Tr::kXorStores) {
+      // Byte offset of (skey0 + g, sq0 + 2t) in P^T; the other fragments' offsets differ by constants:
+      // rows + 8 and + 16 mi keep the swizzle (row % 8), and the n8 tiles' units only in the low bits
+      // that nt sets (sq0 is a multiple of the warp's power-of-two count of units): one XOR, no index
+      // math.
+      static_assert(TileP::kChunk % Tr::kSCols == 0 && is_pow2(Tr::kSCols / 8), "XOR-able n8 tiles");
+      const uint32_t st0 = uint32_t(2 * TileP::offset(skey0 + g, sq0) + 4 * t);
+      char* const p_bytes = reinterpret_cast<char*>(sP);
+      char* const ds_bytes = reinterpret_cast<char*>(sDs);
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
+      for (int mi = 0; mi < kSMi; ++mi)
 #pragma unroll
-          for (int nt = 0; nt < 2 * kSNp; ++nt) {
-            const uint32_t off = (st0 ^ uint32_t(nt << 4)) + uint32_t(2 * mi * 16 * TileP::kChunk);
-            constexpr uint32_t kRow8 = 2 * 8 * TileP::kChunk;
-            *reinterpret_cast<uint32_t*>(p_bytes + off) = pack2<T>(s[mi][nt][0], s[mi][nt][1]);
-            *reinterpret_cast<uint32_t*>(p_bytes + off + kRow8) = pack2<T>(s[mi][nt][2], s[mi][nt][3]);
-            *reinterpret_cast<uint32_t*>(ds_bytes + off) = pack2<T>(dp[mi][nt][0], dp[mi][nt][1]);
-            *reinterpret_cast<uint32_t*>(ds_bytes + off + kRow8) = pack2<T>(dp[mi][nt][2], dp[mi][nt][3]);
-          }
-      } else {
+        for (int nt = 0; nt < 2 * kSNp; ++nt) {
+          const uint32_t off = (st0 ^ uint32_t(nt << 4)) + uint32_t(2 * mi * 16 * TileP::kChunk);
+          constexpr uint32_t kRow8 = 2 * 8 * TileP::kChunk;
+          *reinterpret_cast<uint32_t*>(p_bytes + off) = pack2<T>(s[mi][nt][0], s[mi][nt][1]);
+          *reinterpret_cast<uint32_t*>(p_bytes + off + kRow8) = pack2<T>(s[mi][nt][2], s[mi][nt][3]);
+          *reinterpret_cast<uint32_t*>(ds_bytes + off) = pack2<T>(dp[mi][nt][0], dp[mi][nt][1]);
+          *reinterpret_cast<uint32_t*>(ds_bytes + off + kRow8) = pack2<T>(dp[mi][nt][2], dp[mi][nt][3]);
+        }
+    } else {
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
+      for (int mi = 0; mi < kSMi; ++mi)
 #pragma unroll
-          for (int nt = 0; nt < 2 * kSNp; ++nt) {
-            const int row = key0 + mi * 16 + g, col = sqp + nt * 8;
-            *reinterpret_cast<uint32_t*>(sP + TileP::offset(row, col) + 2 * t) = pack2<T>(s[mi][nt][0], s[mi][nt][1]);
-            *reinterpret_cast<uint32_t*>(sP + TileP::offset(row + 8, col) + 2 * t) =
-                pack2<T>(s[mi][nt][2], s[mi][nt][3]);
-            *reinterpret_cast<uint32_t*>(sDs + TileP::offset(row, col) + 2 * t) =
-                pack2<T>(dp[mi][nt][0], dp[mi][nt][1]);
-            *reinterpret_cast<uint32_t*>(sDs + TileP::offset(row + 8, col) + 2 * t) =
-                pack2<T>(dp[mi][nt][2], dp[mi][nt][3]);
-          }
-      }
+        for (int nt = 0; nt < 2 * kSNp; ++nt) {
+          const int row = skey0 + mi * 16 + g, col = sq0 + nt * 8;
+          *reinterpret_cast<uint32_t*>(sP + TileP::offset(row, col) + 2 * t) = pack2<T>(s[mi][nt][0], s[mi][nt][1]);
+          *reinterpret_cast<uint32_t*>(sP + TileP::offset(row + 8, col) + 2 * t) =
+              pack2<T>(s[mi][nt][2], s[mi][nt][3]);
+          *reinterpret_cast<uint32_t*>(sDs + TileP::offset(row, col) + 2 * t) =
+              pack2<T>(dp[mi][nt][0], dp[mi][nt][1]);
+          *reinterpret_cast<uint32_t*>(sDs + TileP::offset(row + 8, col) + 2 * t) =
+              pack2<T>(dp[mi][nt][2], dp[mi][nt][3]);
+        }
     }
     bulk_wait_read<Tr::kDqStages - 1>();  // the reductions that read this iteration's sDq buffer are done
     __syncthreads();  // P^T, dS^T complete; sDq free
