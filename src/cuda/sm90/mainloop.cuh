@@ -405,10 +405,8 @@ struct Consumer {
       key_begin[i] = int32_t(mask.key_begin(row0 + 8 * i));
       key_end[i] = int32_t(mask.key_end(row0 + 8 * i));
     }
-    const int64_t tile_row0 = max(tile.row0, 0);  // the tile's rows in the sequence
-    const int64_t tile_row1 = min(int64_t(tile.row0) + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
-    const int64_t inner_begin = mask.key_begin(tile_row1);
-    const int64_t inner_end = mask.key_end(tile_row0);
+    int64_t inner_begin, inner_end;
+    inner_keys(tile, mask, inner_begin, inner_end);
     // The blocks plain_blocks gives, tested by key here: run_tile written with plain_blocks and
     // TileWork::needs_mask measured 2% slower at 512 keys (dev/sm90/results-h100-run18.txt, 18f).
     auto needs_mask = [&](int32_t n) {
@@ -560,13 +558,21 @@ struct Consumer {
     }
   }
 
-  // The key blocks [plain_begin, plain_end) of a tile that need no mask: keys every row of the
-  // tile sees, cut at the sequence's end.
-  __device__ __forceinline__ static void plain_blocks(const Tile& tile, const Mask& mask, TileWork& w) {
-    const int64_t tile_row0 = max(tile.row0, 0);  // the tile's rows in the sequence
+  // The keys [begin, end) that every row of the tile (its rows in the sequence) sees.
+  __device__ __forceinline__ static void inner_keys(const Tile& tile, const Mask& mask, int64_t& begin,
+                                                    int64_t& end) {
+    const int64_t tile_row0 = max(tile.row0, 0);
     const int64_t tile_row1 = min(int64_t(tile.row0) + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
-    const int64_t inner_begin = mask.key_begin(tile_row1);
-    const int64_t inner_end = min(mask.key_end(tile_row0), int64_t(tile.seqlen_k));
+    begin = mask.key_begin(tile_row1);
+    end = mask.key_end(tile_row0);
+  }
+
+  // The key blocks [plain_begin, plain_end) of a tile that need no mask: inner_keys cut at the
+  // sequence's end.
+  __device__ __forceinline__ static void plain_blocks(const Tile& tile, const Mask& mask, TileWork& w) {
+    int64_t inner_begin, inner_end;
+    inner_keys(tile, mask, inner_begin, inner_end);
+    inner_end = min(inner_end, int64_t(tile.seqlen_k));
     w.plain_begin = int32_t(min((inner_begin + kN - 1) / kN, int64_t(INT32_MAX)));
     w.plain_end = int32_t(inner_end / kN);
   }
