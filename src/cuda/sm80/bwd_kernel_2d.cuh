@@ -95,11 +95,18 @@ struct Bwd2dTraits {
   using TileP = SmemTile<kBlockN, kBlockM>;    // P^T, dS^T
   static constexpr int kSmemBytes = bwd_smem_bytes(kConfig);
   static_assert(kSmemBytes == 2 * TileKV::kBytes + 2 * 2 * TileQ::kBytes + 2 * TileP::kBytes + 2 * 2 * kBlockM * 4);
-  // sm_90 dQ staging tile [block_m][head_dim] fp32 after those, in the accumulator's layout (dq_swizzle),
+  // sm_90 dQ staging tiles [block_m][head_dim] fp32 after those, in the accumulator's layout (dq_swizzle),
   // added by 64 bulk reductions (2 rows each at head_dim 64, 1 at 128): 1-3% faster than 128 one-row
   // ones (before the swizzle), 3-5% faster than 8 or 16, about 5% faster than one (dev/sm80bwd/NOTES.md).
-  // One staging tile: a second (the Hopper kernel takes two at head_dim 128) measured even here.
-  static constexpr int kDqStages = 1, kDqTileFloats = kBlockM * kHeadDim;
+  // Warps 0-1 issue them (a lane at a time), while the other warps wait at the next barrier.
+  // One tile (head_dim 128): iteration it + 1 issues the reductions of it after its first barrier, and
+  //   they have read the tile by its mid barrier, after which it is staged again.
+  // Two tiles (head_dim 64, kDqIssueLate): issued after the mid barrier, where every warp's ldmatrix
+  //   burst of dV, dK, dQ stalls on the MIO queue anyway (ncu: the barrier wait they caused was 6% of
+  //   the samples), with a whole iteration to read their tile: +3-4% at head_dim 64; 2% slower at 128
+  //   (dev/sm80bwd/NOTES.md, session 18).
+  static constexpr int kDqStages = kConfig.dq_stages, kDqTileFloats = kBlockM * kHeadDim;
+  static constexpr bool kDqIssueLate = kDqStages == 2;
   static constexpr int kDqStageBytes = kDqStages * kDqTileFloats * 4, kDqBulkOps = 64;
   static_assert(kSmemBytes + kDqStageBytes <= 227 * 1024, "the staging tile must fit the H100's shared memory");
 };
@@ -240,7 +247,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     const int buf = it & 1;
     cp_async_wait<0>();
     __syncthreads();  // tile `it` landed; every warp is done with iteration it - 1 (its buffers, P^T, dS^T, sDq)
-    issue_pending_dq();
+    if constexpr (!Tr::kDqIssueLate) issue_pending_dq();
     const bool next_head = m_block + 1 == i_end;
     const int h_next = next_head ? h + 1 : h, m_next = next_head ? i_begin : m_block + 1;
     if (next_head) tile_offsets(h_next, m_next);
@@ -340,8 +347,9 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
               pack2<T>(dp[mi][nt][2], dp[mi][nt][3]);
         }
     }
-    bulk_wait_read<Tr::kDqStages - 1>();  // the reductions that read this iteration's sDq buffer are done
-    __syncthreads();  // P^T, dS^T complete; sDq free
+    bulk_wait_read();  // the reductions issued so far (those that read this iteration's sDq tile) have read it
+    __syncthreads();   // P^T, dS^T complete; sDq free
+    if constexpr (Tr::kDqIssueLate) issue_pending_dq();
 
     // dV += P^T dO_i, then dK += dS^T Q_i, on the warp's 32 keys x kKvCols head_dim columns.
     auto gemm_kv = [&](float (&acc)[2][2 * kKvNp][4], uint32_t a_off, uint32_t b_off) {
