@@ -42,6 +42,37 @@ __device__ __forceinline__ void bulk_reduce_dq(float* dq, uint32_t smem, int row
   if (tid < kOps && r0 < r1)
     bulk_reduce_add_f32(dq + r0 * kHeadDim, smem + r0 * kHeadDim * 4, uint32_t(r1 - r0) * kHeadDim * 4);
 }
+// The same reductions issued by two threads, lanes 0 of warps 0 and 1, kOps / 2 each in a loop whose
+// addresses stay in uniform registers (per-thread operands take a lane loop with R2UR conversions); one
+// bulk group per issuing thread. The Hopper backward: +2-4% at head_dim 64, even at 128; the sm80 2D
+// kernel read 1-2% slower with it (and 9-12% with one issuing thread), dev/sm80bwd/NOTES.md.
+template <int kBlockM, int kHeadDim, int kOps, int kOp0>
+__device__ __forceinline__ void bulk_reduce_dq_ops(float* dq, uint32_t smem, int rows) {
+#if FLASHATTN_BWD_BULK_DQ
+  static_assert(kBlockM % kOps == 0 && kOps % 2 == 0, "whole rows per reduction");
+  constexpr int kRowsPerOp = kBlockM / kOps, kOpFloats = kRowsPerOp * kHeadDim;
+  if (rows == kBlockM) {  // every q-block but a sequence's last: constant sizes and offsets
+#pragma unroll
+    for (int op = kOp0; op < kOp0 + kOps / 2; ++op)
+      asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dq + op * kOpFloats),
+                   "r"(smem + op * kOpFloats * 4), "n"(kOpFloats * 4) : "memory");
+  } else {
+#pragma unroll 1
+    for (int op = kOp0; op < kOp0 + kOps / 2; ++op) {
+      const int r0 = op * kRowsPerOp, r1 = min(r0 + kRowsPerOp, rows);
+      if (r0 < r1)
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dq + r0 * kHeadDim),
+                     "r"(smem + r0 * kHeadDim * 4), "r"(uint32_t(r1 - r0) * kHeadDim * 4) : "memory");
+    }
+  }
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+template <int kBlockM, int kHeadDim, int kOps>
+__device__ __forceinline__ void bulk_reduce_dq_two_warps(float* dq, uint32_t smem, int rows, int tid) {
+  if (tid == 0) bulk_reduce_dq_ops<kBlockM, kHeadDim, kOps, 0>(dq, smem, rows);
+  else if (tid == 32) bulk_reduce_dq_ops<kBlockM, kHeadDim, kOps, kOps / 2>(dq, smem, rows);
+}
 // dq_swizzle of this thread's mma fragment rows (lane / 4, + multiples of 4) of a q-block whose first
 // accumulator row is ws0. The lane index is read here (volatile): one derived from threadIdx before the
 // loop stayed live through the products and made ptxas spill (sm90 head_dim 64: 216 bytes, not 100).

@@ -41,7 +41,8 @@ struct BwdTraits {
   static constexpr uint32_t kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128, kDsPanel = kBlockN * 128;
   // K, V, 2 x (Q, dO), dS^T, 2 x (lse, D), then dq_stages fp32 dQ staging tiles [block_m][head_dim] in the
   // accumulator's layout (sm80::dq_swizzle), added by 16 bulk reductions (8 rows each at head_dim 64, 4
-  // at 128): 3-10% faster than one per row; 8 about the same, 32 slower (docs/sm90_bwd.md).
+  // at 128): 3-10% faster than one per row; 8 about the same, 32 slower (docs/sm90_bwd.md). Issued by
+  // lanes 0 of warps 0 and 1, 8 each (sm80::bulk_reduce_dq_two_warps; +2-4% at head_dim 64 over a lane each).
   static constexpr int kDqBulkOps = 16, kDqStages = sm80::sm90_bwd_config(kHeadDim).dq_stages;
   static constexpr int kDqTileFloats = kBlockM * kHeadDim;
   static constexpr bool kDsStmatrix = sm80::sm90_bwd_config(kHeadDim).ds_stmatrix;
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   int dq_pending_rows = 0;
   uint32_t dq_pending_smem = 0;
   auto issue_pending_dq = [&] {
-    if (bulk_dq) bulk_reduce_dq<kBlockM, kHeadDim, Tr::kDqBulkOps>(dq_pending, dq_pending_smem, dq_pending_rows, tid);
+    if (bulk_dq) bulk_reduce_dq_two_warps<kBlockM, kHeadDim, Tr::kDqBulkOps>(dq_pending, dq_pending_smem, dq_pending_rows, tid);
   };
 
   for (int it = 0; it < num_iters; ++it) {
