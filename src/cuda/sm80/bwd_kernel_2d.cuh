@@ -26,12 +26,22 @@ namespace flashattn::sm80 {
 #endif
 
 // global[0, bytes) += shared[0, bytes) in fp32, asynchronously (bytes a multiple of 16, both
-// 16-byte aligned); one bulk group per call.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, uint32_t smem, uint32_t bytes) {
+// 16-byte aligned), into this thread's open bulk group; bulk_commit closes the group.
+__device__ __forceinline__ void bulk_reduce_add_f32_issue(float* gmem, uint32_t smem, uint32_t bytes) {
 #if FLASHATTN_BWD_BULK_DQ
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-               "cp.async.bulk.commit_group;\n" ::"l"(gmem), "r"(smem), "r"(bytes) : "memory");
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem), "r"(smem),
+               "r"(bytes) : "memory");
 #endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if FLASHATTN_BWD_BULK_DQ
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// The same, one bulk group per call.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, uint32_t smem, uint32_t bytes) {
+  bulk_reduce_add_f32_issue(gmem, smem, bytes);
+  bulk_commit();
 }
 // dq[rows x kHeadDim] += the staging tile's first `rows` rows (both in the accumulator's swizzled
 // layout) in kOps bulk reductions of ceil(kBlockM / kOps) rows each, issued by threads 0 .. kOps - 1.
@@ -48,25 +58,20 @@ __device__ __forceinline__ void bulk_reduce_dq(float* dq, uint32_t smem, int row
 // kernel read 1-2% slower with it (and 9-12% with one issuing thread), dev/sm80bwd/NOTES.md.
 template <int kBlockM, int kHeadDim, int kOps, int kOp0>
 __device__ __forceinline__ void bulk_reduce_dq_ops(float* dq, uint32_t smem, int rows) {
-#if FLASHATTN_BWD_BULK_DQ
   static_assert(kBlockM % kOps == 0 && kOps % 2 == 0, "whole rows per reduction");
   constexpr int kRowsPerOp = kBlockM / kOps, kOpFloats = kRowsPerOp * kHeadDim;
   if (rows == kBlockM) {  // every q-block but a sequence's last: constant sizes and offsets
 #pragma unroll
     for (int op = kOp0; op < kOp0 + kOps / 2; ++op)
-      asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dq + op * kOpFloats),
-                   "r"(smem + op * kOpFloats * 4), "n"(kOpFloats * 4) : "memory");
+      bulk_reduce_add_f32_issue(dq + op * kOpFloats, smem + op * kOpFloats * 4, kOpFloats * 4);
   } else {
 #pragma unroll 1
     for (int op = kOp0; op < kOp0 + kOps / 2; ++op) {
       const int r0 = op * kRowsPerOp, r1 = min(r0 + kRowsPerOp, rows);
-      if (r0 < r1)
-        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dq + r0 * kHeadDim),
-                     "r"(smem + r0 * kHeadDim * 4), "r"(uint32_t(r1 - r0) * kHeadDim * 4) : "memory");
+      if (r0 < r1) bulk_reduce_add_f32_issue(dq + r0 * kHeadDim, smem + r0 * kHeadDim * 4, uint32_t(r1 - r0) * kHeadDim * 4);
     }
   }
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
+  bulk_commit();
 }
 template <int kBlockM, int kHeadDim, int kOps>
 __device__ __forceinline__ void bulk_reduce_dq_two_warps(float* dq, uint32_t smem, int rows, int tid) {
