@@ -45,7 +45,6 @@ struct BwdTraits {
   // lanes 0 of warps 0 and 1, 8 each (sm80::bulk_reduce_dq_two_warps; +2-4% at head_dim 64 over a lane each).
   static constexpr int kDqBulkOps = 16, kDqStages = sm80::sm90_bwd_config(kHeadDim).dq_stages;
   static constexpr int kDqTileFloats = kBlockM * kHeadDim;
-  static constexpr bool kDsStmatrix = sm80::sm90_bwd_config(kHeadDim).ds_stmatrix;
   static constexpr int kSmemBytes = 2 * TileKV::kBytes + 4 * TileQ::kBytes + TileDs::kBytes + 4 * kBlockM * 4 +
                                     kDqStages * kDqTileFloats * 4;
   static_assert(kSmemBytes <= 227 * 1024, "the H100's shared memory");
@@ -209,22 +208,16 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
 
     // dS^T to shared memory while those run: a_ds[kk][r] is row key_row + 8 (r % 2), columns
     // 16 kk + 8 (r / 2) + 2 t, + 1: the four matrices of one stmatrix, whose lane l gives row l % 16 of
-    // the warp's keys, unit l / 16 of the k16 step (the lane index read here: one kept from before the
-    // loop costs a register through it).
-    if constexpr (Tr::kDsStmatrix) {
+    // the warp's keys, unit l / 16 of the k16 step (one instruction for four 32-bit stores: +2-3%,
+    // docs/sm90_bwd.md). The lane index is read here: one kept from before the loop costs a register
+    // through it.
+    {
       uint32_t lane_v;
       asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane_v));
       const WarpCursor<kBlockN, kBlockM> cur_ds(smem_addr(sDs), 64 * wg + 16 * warp_in_wg + lane_v % 16, lane_v / 16, 0);
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk)
         stmatrix_x4(cur_ds.at(0, 16 * kk), a_ds[kk][0], a_ds[kk][1], a_ds[kk][2], a_ds[kk][3]);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          *reinterpret_cast<uint32_t*>(sDs + TileDs::offset(key_row + 8 * (r % 2), 16 * kk + 8 * (r / 2)) + 2 * t) =
-              a_ds[kk][r];
     }
     fence_proxy_async_shared();
     bulk_wait_read<Tr::kDqStages - 1>();  // the reductions that read this iteration's sDq buffer are done
