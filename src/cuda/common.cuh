@@ -80,29 +80,32 @@ constexpr float kMaxSlack = 8.f;
 // A kernel's dynamic shared memory against what this GPU lets one block use: the sm80 tables are
 // sized for the A100 (163 KB), and a GPU with less (99 KB on sm_86 / sm_89 cards) gets this error
 // instead of cudaFuncSetAttribute's "invalid argument".
-inline Status require_shared_memory(int bytes, const char* impl, const char* pass, int head_dim) {
-  DeviceInfo dev;
-  FA_RETURN_IF_ERROR(device_info(&dev));
+inline Status require_shared_memory(const DeviceInfo& dev, int bytes, const char* impl, const char* pass,
+                                    int head_dim) {
   if (bytes <= dev.smem_per_block) return {};
   return unsupported("%s: the %s kernel for head_dim %d needs %d bytes of shared memory per block; this GPU allows %d",
                      impl, pass, head_dim, bytes, dev.smem_per_block);
 }
 
-// Lets kKernel launch with `bytes` (the same on every call) of dynamic shared memory on the current
-// device: the first call there checks the GPU's limit (require_shared_memory) and sets the attribute,
-// later ones cost device_info's cudaGetDevice (one bit per device ordinal; ordinals past 63 set it
-// every call).
+// Lets kKernel launch with `bytes` (the same on every call) of dynamic shared memory on device dev
+// (the current one): the first call there checks the GPU's limit (require_shared_memory) and sets the
+// attribute, later ones only test a bit (one per device ordinal; ordinals past 63 set it every call).
 template <auto kKernel>
-Status opt_in_shared_memory(int bytes, const char* impl, const char* pass, int head_dim) {
+Status opt_in_shared_memory(const DeviceInfo& dev, int bytes, const char* impl, const char* pass, int head_dim) {
   static std::atomic<uint64_t> opted_in{0};
-  DeviceInfo dev;
-  FA_RETURN_IF_ERROR(device_info(&dev));
   const uint64_t bit = dev.index < 64 ? uint64_t(1) << dev.index : 0;
   if (opted_in.load(std::memory_order_acquire) & bit) return {};
-  FA_RETURN_IF_ERROR(require_shared_memory(bytes, impl, pass, head_dim));
+  FA_RETURN_IF_ERROR(require_shared_memory(dev, bytes, impl, pass, head_dim));
   FA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   opted_in.fetch_or(bit, std::memory_order_acq_rel);
   return {};
+}
+// The same for a caller that has not asked for the current device yet (device_info's cudaGetDevice).
+template <auto kKernel>
+Status opt_in_shared_memory(int bytes, const char* impl, const char* pass, int head_dim) {
+  DeviceInfo dev;
+  FA_RETURN_IF_ERROR(device_info(&dev));
+  return opt_in_shared_memory<kKernel>(dev, bytes, impl, pass, head_dim);
 }
 
 // Workspace check shared by every entry point: the caller supplies device memory.

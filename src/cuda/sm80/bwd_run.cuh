@@ -16,7 +16,7 @@ Status launch_bwd_main_2d(const BwdParams& bp, cudaStream_t stream) {
   cuda::DeviceInfo dev;
   FA_RETURN_IF_ERROR(cuda::device_info(&dev));
   const int smem = Tr::kSmemBytes + (dev.sm / 10 == 9 ? Tr::kDqStageBytes : 0);
-  FA_RETURN_IF_ERROR(cuda::opt_in_shared_memory<kernel>(smem, "flashattn-sm80", "backward", kHeadDim));
+  FA_RETURN_IF_ERROR(cuda::opt_in_shared_memory<kernel>(dev, smem, "flashattn-sm80", "backward", kHeadDim));
   const dim3 grid(unsigned((bp.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN), unsigned(bp.num_heads_kv),
                   unsigned(bp.batch));
   kernel<<<grid, Tr::kThreads, smem, stream>>>(bp);

@@ -144,7 +144,7 @@ Status launch(const fa_params& p) {
   constexpr size_t smem_bytes = sizeof(SharedStorage<T>) + 1024;  // + alignment slack
   static_assert(smem_bytes <= 227 * 1024, "shared memory per CTA");
   constexpr auto kernel = &fwd_kernel<T>;
-  FA_RETURN_IF_ERROR(opt_in_shared_memory<kernel>(int(smem_bytes), "flashattn-sm90", "forward", kHeadDim));
+  FA_RETURN_IF_ERROR(opt_in_shared_memory<kernel>(dev, int(smem_bytes), "flashattn-sm90", "forward", kHeadDim));
   const int grid = int(std::min<int64_t>(num_tiles, dev.num_sms));
   kernel<<<grid, T::kThreads, smem_bytes, stream_of(p)>>>(map_q, map_k, map_v, map_o, fp);
   FA_CUDA_CHECK_LAUNCH("flashattn-sm90 forward");
