@@ -86,8 +86,10 @@ INSTANTIATE_TEST_SUITE_P(Standard, Sm80Forward, testing::ValuesIn(sm80_forward_c
 // kernel and both sizes. Every table entry fits the lent H100, so the helper is tested directly.
 TEST(Sm80SharedMemory, MoreThanTheGpuAllowsIsAClearError) {
   FA_SKIP_WITHOUT_CUDA();
-  EXPECT_TRUE(flashattn::cuda::require_shared_memory(48 * 1024, "flashattn-sm80", "forward", 64).ok());
-  const flashattn::Status s = flashattn::cuda::require_shared_memory(1 << 30, "flashattn-sm80", "backward", 128);
+  flashattn::cuda::DeviceInfo dev;
+  ASSERT_TRUE(flashattn::cuda::device_info(&dev).ok());
+  EXPECT_TRUE(flashattn::cuda::require_shared_memory(dev, 48 * 1024, "flashattn-sm80", "forward", 64).ok());
+  const flashattn::Status s = flashattn::cuda::require_shared_memory(dev, 1 << 30, "flashattn-sm80", "backward", 128);
   EXPECT_EQ(s.code, FA_ERROR_UNSUPPORTED);
   const char* expected = "backward kernel for head_dim 128 needs 1073741824 bytes of shared memory";
   EXPECT_NE(s.message.find(expected), std::string::npos) << s.message;
