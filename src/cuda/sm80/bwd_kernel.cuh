@@ -258,6 +258,13 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, 
   const int h = blockIdx.y;
   if (blockIdx.x == 0 && blockIdx.y == 0 && p.dq_semaphore)
     for (int i = threadIdx.x; i < num_semaphores; i += blockDim.x) p.dq_semaphore[i] = 0;
+  if (p.tail_floats > 0) {  // the split tasks' dK, dV sums and counters, spread over the whole grid
+    const int64_t threads = int64_t(gridDim.x) * gridDim.y * blockDim.x;
+    const int64_t first = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+    for (int64_t i = first; i < p.tail_floats / 4; i += threads)
+      reinterpret_cast<float4*>(p.tail_dkv)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t i = first; i < p.tail_tasks; i += threads) p.tail_done[i] = 0;
+  }
   const bool valid = row < p.rows_q;  // no early return: the row's threads reduce with shuffles
   float sum = 0.f;
   if (valid && c0 < p.head_dim) {

@@ -100,6 +100,28 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 #endif
 }
 
+// The CTA's task (k-block, kv head, batch) from the one-dimensional grid (k-block fastest, as the other
+// kernels' 3D grids), and for a split task of the last wave (BwdParams' tail fields) its slot and piece.
+struct BwdTask {
+  int n_block, head_kv, b;
+  int slot;    // split tasks: the index into tail_dkv / tail_done; -1: a whole task
+  int piece;   // 0 .. pieces - 1
+  int pieces;  // CTAs sharing the task's iterations (1: whole)
+};
+// (Divisions by multiply-high: the ~20-instruction divisions of a CTA's first instructions cost the short
+// calls 2%, dev/sm80bwd/NOTES.md.)
+__device__ __forceinline__ BwdTask bwd_task(const BwdParams& p) {
+  BwdTask t{0, 0, 0, -1, 0, 1};
+  int task = int(blockIdx.x), rest;
+  if (task >= p.tail_begin) {
+    t.piece = p.tail_pieces_div.divmod(task - p.tail_begin, t.slot), t.pieces = p.tail_pieces;
+    task = p.tail_begin + t.slot;
+  }
+  t.n_block = p.n_blocks_div.divmod(task, rest);
+  t.head_kv = p.heads_kv_div.divmod(rest, t.b);
+  return t;
+}
+
 template <class T, int kHeadDim>
 struct Bwd2dTraits {
   static constexpr BwdConfig kConfig = bwd_config(kHeadDim);
@@ -168,7 +190,8 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   float* sD = sLse + 2 * kBlockM;                                  // [2][block_m]
   float* sDq = sD + 2 * kBlockM;  // sm_90: [kDqStages][block_m][head_dim] dQ partials (Tr::kDqStageBytes)
 
-  const int n_block = blockIdx.x, head_kv = blockIdx.y, b = blockIdx.z;
+  const BwdTask task = bwd_task(p);
+  const int n_block = task.n_block, head_kv = task.head_kv, b = task.b;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates
   const BwdSeq seq = bwd_sequence(p, b);
@@ -180,7 +203,14 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
 
   int i_begin, i_end;
   bwd_q_block_range<kBlockM>(mask, seqlen_q, n0, n1, i_begin, i_end);
-  const int m_range = i_end - i_begin, num_iters = p.group * m_range;
+  // The task's iterations it (query head head_kv * group + it / m_range, q-block i_begin + it % m_range);
+  // a piece of a split task runs [it_begin, it_begin + num_iters) of them.
+  const int m_range = i_end - i_begin, task_iters = p.group * m_range;
+  int it_begin = 0, num_iters = task_iters;
+  if (task.slot >= 0) {  // (the host splits only tasks with 64 * task_iters < 2^31)
+    it_begin = task.piece * task_iters / task.pieces;
+    num_iters = (task.piece + 1) * task_iters / task.pieces - it_begin;
+  }
   const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
   // K_j, V_j: whole tiles take load_whole_tile (the generic load_tile's per-unit index math was ~40
   // instructions a unit, 8% of a short causal call's instructions at head_dim 128, ncu).
@@ -221,9 +251,10 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     }
     load_lse_d<kBlockM>(sLse + buf * kBlockM, sD + buf * kBlockM, p, seq, h, m0);
   };
-  // Iteration it: query head head_kv * group + it / m_range, q-block i_begin + it % m_range, kept as
-  // two counters (h, m_block) and their successors (h_next, m_next) instead of divisions.
+  // The iteration's (h, m_block), kept as two counters and their successors (h_next, m_next) instead of
+  // divisions.
   int h = head_kv * p.group, m_block = i_begin;
+  if (it_begin > 0) h += it_begin / m_range, m_block += it_begin % m_range;
   tile_offsets(h, m_block);
   if (num_iters > 0) load_q_block(h, m_block, 0);
   cp_async_commit();
@@ -505,6 +536,33 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
 #pragma unroll
         for (int half = 0; half < 2; ++half) f(mi, nt, half);
   };
+  if (task.slot >= 0) {
+    // A piece of a split task adds its dK, dV into the task's slot ([dK, dV][pair][thread] float2s:
+    // coalesced), and the last piece to finish goes on with the sums.
+    constexpr int kPairs = 2 * 2 * kKvNp * 2;
+    float2* slot = reinterpret_cast<float2*>(p.tail_dkv) + int64_t(task.slot) * 2 * kPairs * kThreads + tid;
+    auto pair_index = [](int mi, int nt, int half) { return ((mi * 2 * kKvNp + nt) * 2 + half) * kThreads; };
+    for_each_kv_pair([&](int mi, int nt, int half) {
+      const int i = pair_index(mi, nt, half);
+      atomic_add2(reinterpret_cast<float*>(slot + i), acc_dk[mi][nt][2 * half], acc_dk[mi][nt][2 * half + 1]);
+      atomic_add2(reinterpret_cast<float*>(slot + kPairs * kThreads + i), acc_dv[mi][nt][2 * half],
+                  acc_dv[mi][nt][2 * half + 1]);
+    });
+    __threadfence();
+    __syncthreads();
+    const bool last = __syncthreads_or(tid == 0 && atomicAdd(p.tail_done + task.slot, 1) == task.pieces - 1);
+    if (!last) {
+      bulk_wait_read();
+      return;
+    }
+    __threadfence();
+    for_each_kv_pair([&](int mi, int nt, int half) {
+      const int i = pair_index(mi, nt, half);
+      const float2 k = __ldcg(slot + i), v = __ldcg(slot + kPairs * kThreads + i);
+      acc_dk[mi][nt][2 * half] = k.x, acc_dk[mi][nt][2 * half + 1] = k.y;
+      acc_dv[mi][nt][2 * half] = v.x, acc_dv[mi][nt][2 * half + 1] = v.y;
+    });
+  }
   if (whole_head_dim) {
     // Through shared memory (over K_j, V_j), then 16-byte pieces of whole rows: 4-byte stores from
     // the fragments touch 8 rows per warp instruction (dev/sm80bwd/NOTES.md, session 10). The

@@ -9,6 +9,9 @@
 //   semaphores           int32 (batch, num_heads, q-blocks, split_d), deterministic mode only
 // with rows_q = total_q (varlen) or batch * seqlen_q. GQA needs nothing more: a CTA sums dK, dV over
 // its kv head's group of query heads in registers.
+#include <algorithm>
+#include <climits>
+
 #include "common/layout.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels.hpp"
@@ -70,15 +73,47 @@ constexpr BwdKernels kBwdKernels[] = {
 
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+// The last wave's split (the 2D main kernel, bwd_kernel_2d.cuh). T equal tasks on W SMs (one CTA each)
+// run in waves, and the last T % W tasks run while the other SMs idle: on the H100 (132 SMs) the d128
+// 16k backward read 319 TFLOP/s with 2048 tasks against 326 with 4224 (32 whole waves;
+// dev/sm80bwd/waves.py). Those R = T % W tasks run as P pieces of I / P of their I iterations each:
+// ceil(R P / W) rounds of I / P + kPieceCost instead of one of I + kPieceCost (kPieceCost: a CTA's own
+// cost in iterations: K, V loads, the pipeline's start, the dK, dV adds). Problems whose tasks all have I
+// iterations only (no mask, not varlen), and not deterministic (the pieces' fp32 adds come in any order).
+struct TailSplit {
+  int32_t tasks = 0;  // T
+  int32_t split = 0;  // R: the last R tasks are split
+  int32_t pieces = 1; // P
+};
+TailSplit tail_split(const fa_params& p, const BwdConfig& c, int num_sms) {
+  constexpr double kPieceCost = 3;
+  TailSplit t;
+  const int64_t tasks = int64_t((p.seqlen_k + c.block_n - 1) / c.block_n) * p.num_heads_kv * p.batch;
+  t.tasks = int32_t(std::min<int64_t>(tasks, INT32_MAX));
+  const bool uniform = !is_varlen(p) && !p.causal && p.window_left < 0 && p.window_right < 0;
+  const int64_t iters = int64_t(p.num_heads / p.num_heads_kv) * ((p.seqlen_q + c.block_m - 1) / c.block_m);
+  if (c.layout != 1 || p.deterministic || !uniform || num_sms <= 0 || tasks > INT32_MAX / 64 || iters > INT32_MAX / 64)
+    return t;
+  const int rest = int(tasks % num_sms);
+  double best = iters + kPieceCost;
+  for (int pieces = 2; pieces <= std::min<int64_t>(iters, 64); ++pieces) {
+    const double cost = double((int64_t(rest) * pieces + num_sms - 1) / num_sms) * (double(iters) / pieces + kPieceCost);
+    if (cost < best) best = cost, t.split = rest, t.pieces = pieces;
+  }
+  return t;
+}
+
 struct BwdWorkspace {
   int kernel_head_dim = 0;
   int64_t rows_q = 0;
   int32_t num_m_blocks = 0, num_semaphores = 0;
-  size_t d_sum = 0, dq_accum = 0, semaphore = 0, total = 0;  // byte offsets, total size
+  TailSplit tail;
+  int64_t tail_floats = 0;
+  size_t d_sum = 0, dq_accum = 0, semaphore = 0, tail_dkv = 0, tail_done = 0, total = 0;  // byte offsets, total size
 };
 
-// hopper: the layout for the sm90 main kernel (its block_m, no d split).
-BwdWorkspace workspace_layout(const fa_params& p, bool hopper) {
+// hopper: the layout for the sm90 main kernel (its block_m, no d split, no tail split).
+BwdWorkspace workspace_layout(const fa_params& p, bool hopper, int num_sms) {
   BwdWorkspace w;
   w.kernel_head_dim = bwd_kernel_head_dim(p.head_dim);
   if (w.kernel_head_dim == 0 || p.batch <= 0) return w;
@@ -87,11 +122,19 @@ BwdWorkspace workspace_layout(const fa_params& p, bool hopper) {
   w.rows_q = is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q;
   w.num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
   w.num_semaphores = p.deterministic ? p.batch * p.num_heads * w.num_m_blocks * split_d : 0;
+  if (!hopper) w.tail = tail_split(p, c, num_sms);
+  w.tail_floats = int64_t(w.tail.split) * 2 * c.block_n * w.kernel_head_dim;
   w.d_sum = 0;
   w.dq_accum = align256(sizeof(float) * size_t(p.num_heads) * size_t(w.rows_q));
   w.semaphore = w.dq_accum + align256(sizeof(float) * size_t(p.num_heads) * size_t(w.rows_q) * w.kernel_head_dim);
-  w.total = w.semaphore + align256(sizeof(int32_t) * size_t(w.num_semaphores));
+  w.tail_dkv = w.semaphore + align256(sizeof(int32_t) * size_t(w.num_semaphores));
+  w.tail_done = w.tail_dkv + align256(sizeof(float) * size_t(w.tail_floats));
+  w.total = w.tail_done + align256(sizeof(int32_t) * size_t(w.tail.split));
   return w;
+}
+BwdWorkspace workspace_layout(const fa_params& p, bool hopper) {
+  cuda::DeviceInfo dev;
+  return workspace_layout(p, hopper, cuda::device_info(&dev).ok() ? dev.num_sms : 0);
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -182,6 +225,13 @@ Status backward(const fa_params& p, bool hopper) {
   bp.d_sum = reinterpret_cast<float*>(ws + w.d_sum);
   bp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
   bp.dq_semaphore = w.num_semaphores > 0 ? reinterpret_cast<int32_t*>(ws + w.semaphore) : nullptr;
+  bp.num_n_blocks = (p.seqlen_k + bwd_config(w.kernel_head_dim).block_n - 1) / bwd_config(w.kernel_head_dim).block_n;
+  bp.n_blocks_div = FastDivmod(bp.num_n_blocks), bp.heads_kv_div = FastDivmod(bp.num_heads_kv);
+  bp.tail_begin = w.tail.tasks - w.tail.split, bp.tail_pieces = w.tail.pieces, bp.tail_tasks = w.tail.split;
+  bp.tail_pieces_div = FastDivmod(bp.tail_pieces);
+  bp.tail_dkv = w.tail.split > 0 ? reinterpret_cast<float*>(ws + w.tail_dkv) : nullptr;
+  bp.tail_done = w.tail.split > 0 ? reinterpret_cast<int32_t*>(ws + w.tail_done) : nullptr;
+  bp.tail_floats = w.tail_floats;
   return run(bp, stream_of(p), w.num_semaphores);
 }
 
