@@ -124,6 +124,59 @@ __device__ __forceinline__ BwdSeq bwd_sequence(const BwdParams& p, int b) {
   return s;
 }
 
+// The CTA's task (k-block, kv head, batch) from the one-dimensional grid (k-block fastest, as the other
+// kernels' 3D grids), and for a split task of the last wave (BwdParams' tail fields) its slot and piece.
+struct BwdTask {
+  int n_block, head_kv, b;
+  int slot;    // split tasks: the index into tail_dkv / tail_done; -1: a whole task
+  int piece;   // 0 .. pieces - 1
+  int pieces;  // CTAs sharing the task's iterations (1: whole)
+};
+// (Divisions by multiply-high: the ~20-instruction divisions of a CTA's first instructions cost the short
+// calls 2%, dev/sm80bwd/NOTES.md.)
+__device__ __forceinline__ BwdTask bwd_task(const BwdParams& p) {
+  BwdTask t{0, 0, 0, -1, 0, 1};
+  int task = int(blockIdx.x), rest;
+  if (task >= p.tail_begin) {
+    t.piece = p.tail_pieces_div.divmod(task - p.tail_begin, t.slot), t.pieces = p.tail_pieces;
+    task = p.tail_begin + t.slot;
+  }
+  t.n_block = p.n_blocks_div.divmod(task, rest);
+  t.head_kv = p.heads_kv_div.divmod(rest, t.b);
+  return t;
+}
+
+// Whether this CTA writes its task's dK, dV: a whole task does; a piece of a split task adds this
+// thread's partials (kN floats of each) into the task's slot of tail_dkv ([dK, dV][float2 e][thread]:
+// coalesced), and only the piece that finishes last writes, with the sums in dk, dv. The CTA index is read
+// again here (volatile): the slot kept from the prologue stayed live through the main loop, and ptxas
+// spilled (the Hopper kernel at head_dim 128: 28 bytes).
+template <int kThreads, int kN>
+__device__ __forceinline__ bool tail_sum(const BwdParams& p, float (&dk)[kN], float (&dv)[kN], int tid) {
+  static_assert(kN % 2 == 0);
+  int cta;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cta));
+  if (cta < p.tail_begin) return true;
+  int slot;
+  p.tail_pieces_div.divmod(cta - p.tail_begin, slot);
+  float2* at = reinterpret_cast<float2*>(p.tail_dkv) + int64_t(slot) * kN * kThreads + tid;
+#pragma unroll
+  for (int e = 0; e < kN / 2; ++e) {
+    atomic_add2(reinterpret_cast<float*>(at + e * kThreads), dk[2 * e], dk[2 * e + 1]);
+    atomic_add2(reinterpret_cast<float*>(at + (kN / 2 + e) * kThreads), dv[2 * e], dv[2 * e + 1]);
+  }
+  __threadfence();
+  __syncthreads();
+  if (!__syncthreads_or(tid == 0 && atomicAdd(p.tail_done + slot, 1) == p.tail_pieces - 1)) return false;
+  __threadfence();
+#pragma unroll
+  for (int e = 0; e < kN / 2; ++e) {
+    const float2 k = __ldcg(at + e * kThreads), v = __ldcg(at + (kN / 2 + e) * kThreads);
+    dk[2 * e] = k.x, dk[2 * e + 1] = k.y, dv[2 * e] = v.x, dv[2 * e + 1] = v.y;
+  }
+  return true;
+}
+
 // Element offset of (row, head) of a tensor in sequence s (q side rows start at q_start).
 __device__ __forceinline__ int64_t bwd_offset(const BwdSeq& s, int64_t start, int64_t batch_stride, int64_t row_stride,
                                               int64_t head_stride, int64_t row, int head) {

@@ -100,28 +100,6 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 #endif
 }
 
-// The CTA's task (k-block, kv head, batch) from the one-dimensional grid (k-block fastest, as the other
-// kernels' 3D grids), and for a split task of the last wave (BwdParams' tail fields) its slot and piece.
-struct BwdTask {
-  int n_block, head_kv, b;
-  int slot;    // split tasks: the index into tail_dkv / tail_done; -1: a whole task
-  int piece;   // 0 .. pieces - 1
-  int pieces;  // CTAs sharing the task's iterations (1: whole)
-};
-// (Divisions by multiply-high: the ~20-instruction divisions of a CTA's first instructions cost the short
-// calls 2%, dev/sm80bwd/NOTES.md.)
-__device__ __forceinline__ BwdTask bwd_task(const BwdParams& p) {
-  BwdTask t{0, 0, 0, -1, 0, 1};
-  int task = int(blockIdx.x), rest;
-  if (task >= p.tail_begin) {
-    t.piece = p.tail_pieces_div.divmod(task - p.tail_begin, t.slot), t.pieces = p.tail_pieces;
-    task = p.tail_begin + t.slot;
-  }
-  t.n_block = p.n_blocks_div.divmod(task, rest);
-  t.head_kv = p.heads_kv_div.divmod(rest, t.b);
-  return t;
-}
-
 template <class T, int kHeadDim>
 struct Bwd2dTraits {
   static constexpr BwdConfig kConfig = bwd_config(kHeadDim);
@@ -536,32 +514,10 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
 #pragma unroll
         for (int half = 0; half < 2; ++half) f(mi, nt, half);
   };
-  if (task.slot >= 0) {
-    // A piece of a split task adds its dK, dV into the task's slot ([dK, dV][pair][thread] float2s:
-    // coalesced), and the last piece to finish goes on with the sums.
-    constexpr int kPairs = 2 * 2 * kKvNp * 2;
-    float2* slot = reinterpret_cast<float2*>(p.tail_dkv) + int64_t(task.slot) * 2 * kPairs * kThreads + tid;
-    auto pair_index = [](int mi, int nt, int half) { return ((mi * 2 * kKvNp + nt) * 2 + half) * kThreads; };
-    for_each_kv_pair([&](int mi, int nt, int half) {
-      const int i = pair_index(mi, nt, half);
-      atomic_add2(reinterpret_cast<float*>(slot + i), acc_dk[mi][nt][2 * half], acc_dk[mi][nt][2 * half + 1]);
-      atomic_add2(reinterpret_cast<float*>(slot + kPairs * kThreads + i), acc_dv[mi][nt][2 * half],
-                  acc_dv[mi][nt][2 * half + 1]);
-    });
-    __threadfence();
-    __syncthreads();
-    const bool last = __syncthreads_or(tid == 0 && atomicAdd(p.tail_done + task.slot, 1) == task.pieces - 1);
-    if (!last) {
-      bulk_wait_read();
-      return;
-    }
-    __threadfence();
-    for_each_kv_pair([&](int mi, int nt, int half) {
-      const int i = pair_index(mi, nt, half);
-      const float2 k = __ldcg(slot + i), v = __ldcg(slot + kPairs * kThreads + i);
-      acc_dk[mi][nt][2 * half] = k.x, acc_dk[mi][nt][2 * half + 1] = k.y;
-      acc_dv[mi][nt][2 * half] = v.x, acc_dv[mi][nt][2 * half + 1] = v.y;
-    });
+  if (!tail_sum<kThreads>(p, reinterpret_cast<float(&)[16 * kKvNp]>(acc_dk), reinterpret_cast<float(&)[16 * kKvNp]>(acc_dv),
+                          tid)) {  // a piece of a split task, not the last
+    bulk_wait_read();
+    return;
   }
   if (whole_head_dim) {
     // Through shared memory (over K_j, V_j), then 16-byte pieces of whole rows: 4-byte stores from

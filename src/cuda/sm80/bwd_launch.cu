@@ -7,6 +7,8 @@
 //   D = rowsum(dO * O)   fp32 (num_heads, rows_q)
 //   dQ accumulator       fp32 (num_heads, rows_q, kernel head_dim)
 //   semaphores           int32 (batch, num_heads, q-blocks, split_d), deterministic mode only
+//   tail dK, dV sums     fp32 (R, 2, block_n, kernel head_dim) and R counters: the last wave's R split tasks
+//                        (tail_split; R < the GPU's SM count, so at most 16.5 MB at head_dim 128 on an H100)
 // with rows_q = total_q (varlen) or batch * seqlen_q. GQA needs nothing more: a CTA sums dK, dV over
 // its kv head's group of query heads in registers.
 #include <algorithm>
@@ -85,14 +87,15 @@ struct TailSplit {
   int32_t split = 0;  // R: the last R tasks are split
   int32_t pieces = 1; // P
 };
-TailSplit tail_split(const fa_params& p, const BwdConfig& c, int num_sms) {
+// splittable: the main kernel can run pieces (the 2D and the Hopper kernels).
+TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool splittable, int num_sms) {
   constexpr double kPieceCost = 3;
   TailSplit t;
-  const int64_t tasks = int64_t((p.seqlen_k + c.block_n - 1) / c.block_n) * p.num_heads_kv * p.batch;
+  const int64_t tasks = int64_t((p.seqlen_k + block_n - 1) / block_n) * p.num_heads_kv * p.batch;
   t.tasks = int32_t(std::min<int64_t>(tasks, INT32_MAX));
   const bool uniform = !is_varlen(p) && !p.causal && p.window_left < 0 && p.window_right < 0;
-  const int64_t iters = int64_t(p.num_heads / p.num_heads_kv) * ((p.seqlen_q + c.block_m - 1) / c.block_m);
-  if (c.layout != 1 || p.deterministic || !uniform || num_sms <= 0 || tasks > INT32_MAX / 64 || iters > INT32_MAX / 64)
+  const int64_t iters = int64_t(p.num_heads / p.num_heads_kv) * ((p.seqlen_q + block_m - 1) / block_m);
+  if (!splittable || p.deterministic || !uniform || num_sms <= 0 || tasks > INT32_MAX / 64 || iters > INT32_MAX / 64)
     return t;
   const int rest = int(tasks % num_sms);
   double best = iters + kPieceCost;
@@ -107,12 +110,13 @@ struct BwdWorkspace {
   int kernel_head_dim = 0;
   int64_t rows_q = 0;
   int32_t num_m_blocks = 0, num_semaphores = 0;
+  int block_n = 0;  // the main kernel's
   TailSplit tail;
   int64_t tail_floats = 0;
   size_t d_sum = 0, dq_accum = 0, semaphore = 0, tail_dkv = 0, tail_done = 0, total = 0;  // byte offsets, total size
 };
 
-// hopper: the layout for the sm90 main kernel (its block_m, no d split, no tail split).
+// hopper: the layout for the sm90 main kernel (its block_m, no d split).
 BwdWorkspace workspace_layout(const fa_params& p, bool hopper, int num_sms) {
   BwdWorkspace w;
   w.kernel_head_dim = bwd_kernel_head_dim(p.head_dim);
@@ -122,8 +126,9 @@ BwdWorkspace workspace_layout(const fa_params& p, bool hopper, int num_sms) {
   w.rows_q = is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q;
   w.num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
   w.num_semaphores = p.deterministic ? p.batch * p.num_heads * w.num_m_blocks * split_d : 0;
-  if (!hopper) w.tail = tail_split(p, c, num_sms);
-  w.tail_floats = int64_t(w.tail.split) * 2 * c.block_n * w.kernel_head_dim;
+  w.block_n = hopper ? kSm90BwdBlockN : c.block_n;
+  w.tail = tail_split(p, block_m, w.block_n, hopper || c.layout == 1, num_sms);
+  w.tail_floats = int64_t(w.tail.split) * 2 * w.block_n * w.kernel_head_dim;
   w.d_sum = 0;
   w.dq_accum = align256(sizeof(float) * size_t(p.num_heads) * size_t(w.rows_q));
   w.semaphore = w.dq_accum + align256(sizeof(float) * size_t(p.num_heads) * size_t(w.rows_q) * w.kernel_head_dim);
@@ -225,7 +230,7 @@ Status backward(const fa_params& p, bool hopper) {
   bp.d_sum = reinterpret_cast<float*>(ws + w.d_sum);
   bp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
   bp.dq_semaphore = w.num_semaphores > 0 ? reinterpret_cast<int32_t*>(ws + w.semaphore) : nullptr;
-  bp.num_n_blocks = (p.seqlen_k + bwd_config(w.kernel_head_dim).block_n - 1) / bwd_config(w.kernel_head_dim).block_n;
+  bp.num_n_blocks = (p.seqlen_k + w.block_n - 1) / w.block_n;
   bp.n_blocks_div = FastDivmod(bp.num_n_blocks), bp.heads_kv_div = FastDivmod(bp.num_heads_kv);
   bp.tail_begin = w.tail.tasks - w.tail.split, bp.tail_pieces = w.tail.pieces, bp.tail_tasks = w.tail.split;
   bp.tail_pieces_div = FastDivmod(bp.tail_pieces);

@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   float* sD = sLse + 2 * kBlockM;                                   // [2][block_m]
   float* sDq = sD + 2 * kBlockM;                                    // [kDqStages][block_m][head_dim]
 
-  const int n_block = blockIdx.x, head_kv = blockIdx.y, b = blockIdx.z;
+  const BwdTask task = bwd_task(p);  // one grid dimension; the last wave's tasks may run in pieces
+  const int n_block = task.n_block, head_kv = task.head_kv, b = task.b;
   const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128, warp_in_wg = (tid / 32) % 4;
   const int g = lane / 4, t = lane % 4;  // accumulator fragment coordinates (mma.sync's C layout)
   const BwdSeq seq = bwd_sequence(p, b);
@@ -93,7 +94,14 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
 
   int i_begin, i_end;
   bwd_q_block_range<kBlockM>(mask, seqlen_q, n0, n1, i_begin, i_end);
-  const int m_range = i_end - i_begin, num_iters = p.group * m_range;
+  // Iteration it: query head head_kv * group + it / m_range, q-block i_begin + it % m_range; a piece of a
+  // split task runs [it_begin, it_begin + num_iters).
+  const int m_range = i_end - i_begin, task_iters = p.group * m_range;
+  int it_begin = 0, num_iters = task_iters;
+  if (task.slot >= 0) {  // (the host splits only tasks with 64 * task_iters < 2^31)
+    it_begin = task.piece * task_iters / task.pieces;
+    num_iters = (task.piece + 1) * task_iters / task.pieces - it_begin;
+  }
   load_kv_block<T, kBlockN, kHeadDim, kThreads>(sK, sV, p, seq, n0, head_kv);
 
   const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
@@ -115,6 +123,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     load_lse_d<kBlockM>(sLse + buf * kBlockM, sD + buf * kBlockM, p, seq, h, m0);
   };
   int h = head_kv * p.group, m_block = i_begin;
+  if (it_begin > 0) h += it_begin / m_range, m_block += it_begin % m_range;
   if (num_iters > 0) load_q_block(h, m_block, 0);
   cp_async_commit();
 
@@ -287,6 +296,8 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     issue_pending_dq();
     bulk_wait_read();  // shared memory must outlive the reads (the convert kernel runs after the grid)
   }
+
+  if (!tail_sum<kThreads>(p, acc_dk, acc_dv, tid)) return;  // a piece of a split task, not the last
 
   // dK_j * softmax_scale and dV_j in the dtype (rows past seqlen_k and padded columns dropped).
   T* dk = static_cast<T*>(p.dk) +
