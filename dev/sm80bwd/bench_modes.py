@@ -12,6 +12,7 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import fa_ctypes as fa  # noqa: E402
 import gpu_bench as gb  # noqa: E402
+from event_timing import median_ms  # noqa: E402
 
 libs = {}
 for i, spec in enumerate((sys.argv[1] if len(sys.argv) > 1 else "build/libflashattn.so").split(",")):
@@ -21,23 +22,6 @@ seqlens = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else [81
 d = int(sys.argv[3]) if len(sys.argv) > 3 else 128
 impls = sys.argv[4].split(",") if len(sys.argv) > 4 else ["flashattn-sm90", "flashattn-sm80"]
 flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
-
-
-def events(fn, n=20, flush_first=False):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        if flush_first:
-            flush.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[n // 2]
 
 
 for s in seqlens:
@@ -50,8 +34,8 @@ for s in seqlens:
         for name, lib in libs.items():
             ours = gb.Ours(lib, impl, q, k, v, False)
             ours.prepare_backward(dout)
-            r = [events(ours.backward), events(ours.backward, flush_first=True),
-                 do_bench(ours.backward, warmup=25, rep=250, return_mode="median"), events(ours.backward)]
+            r = [median_ms(ours.backward), median_ms(ours.backward, before=flush.zero_),
+                 do_bench(ours.backward, warmup=25, rep=250, return_mode="median"), median_ms(ours.backward)]
             print(f"{name:>6} {impl} d{d} s{s} b{batch}: TFLOP/s events {fl / r[0] / 1e9:6.1f} | events+flush"
                   f" {fl / r[1] / 1e9:6.1f} | do_bench {fl / r[2] / 1e9:6.1f} | events again {fl / r[3] / 1e9:6.1f}",
                   flush=True)
