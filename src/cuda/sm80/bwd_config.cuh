@@ -161,10 +161,12 @@ struct BwdParams {
   float* d_sum;     // D = rowsum(dO * O): (num_heads, rows_q)
   float* dq_accum;  // fp32 dQ / softmax_scale: (num_heads, rows_q, kernel head_dim), dq_swizzle'd
   int32_t* dq_semaphore;  // deterministic: (batch, num_heads, num_m_blocks, split_d) k-blocks done
-  // Tasks of the 2D main kernel (one grid dimension, k-block fastest, then kv head, then batch) and the
-  // last wave's split (bwd_launch.cu, tail_split): tasks >= tail_begin run as tail_pieces CTAs, each a
-  // share of the task's q-block iterations; they add their dK, dV in fp32 into the task's slot of
-  // tail_dkv, and the last to finish (tail_done) writes the sum. tail_pieces 1: no split.
+  // Tasks of the 2D and the Hopper main kernels (one grid dimension, k-block fastest, then kv head, then
+  // batch) and the last wave's split (bwd_launch.cu, tail_split): tasks >= tail_begin run as tail_pieces
+  // CTAs, each a share of the task's q-block iterations; they add their dK, dV in fp32 into the task's
+  // slot of tail_dkv, and the last to finish (tail_done) writes the sum. tail_pieces 1: no split. (The
+  // workspace is sized for the current GPU's SM count; another GPU's call may ask for more: a clear
+  // FA_ERROR_WORKSPACE, as for any short workspace.)
   int32_t num_n_blocks;  // k-blocks of a (batch, kv head): ceil(seqlen_k / block_n), seqlen_k the longest
   FastDivmod n_blocks_div, heads_kv_div, tail_pieces_div;  // by num_n_blocks, num_heads_kv, tail_pieces
   int32_t tail_begin, tail_pieces;
