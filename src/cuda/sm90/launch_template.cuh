@@ -135,11 +135,11 @@ Status launch(const fa_params& p) {
     fp.snake_order = 1;
   }
 
-  fp.section_tiles_div = FastDiv(uint32_t(fp.heads_per_section) * uint32_t(fp.num_m_blocks));
-  fp.section_heads_div = FastDiv(uint32_t(fp.heads_per_section));
+  fp.section_tiles_div = FastDivmod(fp.heads_per_section * fp.num_m_blocks);
+  fp.section_heads_div = FastDivmod(fp.heads_per_section);
   const int64_t last_section_heads = num_bh - (num_bh - 1) / fp.heads_per_section * fp.heads_per_section;
-  fp.last_section_heads_div = FastDiv(uint32_t(last_section_heads));
-  fp.num_heads_div = FastDiv(uint32_t(p.num_heads));
+  fp.last_section_heads_div = FastDivmod(int32_t(last_section_heads));
+  fp.num_heads_div = FastDivmod(p.num_heads);
 
   constexpr size_t smem_bytes = sizeof(SharedStorage<T>) + 1024;  // + alignment slack
   static_assert(smem_bytes <= 227 * 1024, "shared memory per CTA");

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "common/fast_divmod.hpp"  // the tile decode (three divisions in a row were ~850 clocks a tile)
+
 // Dev switch: ping-pong scheduling of the two consumer warpgroups. Off: with the softmax already
 // overlapped inside each warpgroup it measured 1-8% slower (docs/sm90.md); dev/sm90/run.sh
 // bench-pingpong measures it on.
@@ -93,22 +95,6 @@ constexpr int kTraceProducer = 3;
 
 namespace flashattn::cuda::sm90 {
 
-// n / d for 0 <= n < 2^31 by a multiply-high and a shift (Granlund-Montgomery, rounded-up
-// multiplier), the multiplier computed on the host: the tile decode ran three 32-bit divisions
-// in a row, ~850 clocks between two tiles.
-struct FastDiv {
-  uint32_t d = 1, mul = 0, shift = 0;
-  FastDiv() = default;
-  __host__ explicit FastDiv(uint32_t divisor) : d(divisor) {
-    while ((uint64_t(1) << shift) < d) ++shift;  // shift = ceil(log2 d)
-    mul = uint32_t((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d) / d + 1);
-  }
-  __device__ __forceinline__ int32_t div(int32_t n) const {
-    const uint32_t t = __umulhi(mul, uint32_t(n));
-    return int32_t((uint64_t(t) + uint32_t(n)) >> shift);
-  }
-};
-
 // What the kernel reads besides the three tensor maps (q, k, v are read through TMA only).
 struct FwdParams {
   void* o;  // (batch, seqlen_q, num_heads, head_dim), or varlen (total_q, num_heads, head_dim)
@@ -132,7 +118,7 @@ struct FwdParams {
   int32_t heads_per_section;  // (batch, head) pairs whose k, v share L2 (the scheduler's swizzle)
   // Divisors of the tile decode: tiles of a section, heads of a section (of the last one, which
   // may hold fewer), heads.
-  FastDiv section_tiles_div, section_heads_div, last_section_heads_div, num_heads_div;
+  FastDivmod section_tiles_div, section_heads_div, last_section_heads_div, num_heads_div;
   int32_t snake_order;        // rounds of tiles alternate direction (scheduler.cuh)
 #if FLASHATTN_SM90_TRACE
   long long* trace;

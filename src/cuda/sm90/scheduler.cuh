@@ -44,11 +44,11 @@ __device__ __forceinline__ Tile decode_tile(int32_t t, const FwdParams& p) {
   const int32_t num_bh = p.batch * p.num_heads;
   const int32_t section = p.section_tiles_div.div(t);
   const int32_t first_bh = section * p.heads_per_section;
-  const int32_t r = t - section * int32_t(p.section_tiles_div.d);
+  const int32_t r = t - section * int32_t(p.section_tiles_div.divisor);
   // The last section may hold fewer heads.
-  const FastDiv& section_bh = first_bh + p.heads_per_section > num_bh ? p.last_section_heads_div : p.section_heads_div;
+  const FastDivmod& section_bh = first_bh + p.heads_per_section > num_bh ? p.last_section_heads_div : p.section_heads_div;
   const int32_t m_index = section_bh.div(r);
-  const int32_t bh = first_bh + r - m_index * int32_t(section_bh.d);
+  const int32_t bh = first_bh + r - m_index * int32_t(section_bh.divisor);
 
   Tile tile;
   tile.m_block = p.causal ? p.num_m_blocks - 1 - m_index : m_index;
