@@ -28,7 +28,9 @@ struct BwdConfig {
   int ctas_per_sm;  // __launch_bounds__ minimum: 1 lets a thread use 255 registers
   int layout;       // 0: each warp owns 16 key rows (bwd_main_kernel); 1: 2D warp tiles (bwd_main_2d_kernel)
   int s_keys;       // keys of a warp's S^T, dP^T tile: 16 (layout 0); layout 1: 32 or 64
-  int dq_stages;    // layout 1 on sm_90: dQ staging tiles (bwd_kernel_2d.cuh; 2 issues the reductions later); layout 0: 0
+  int dq_stages;    // layout 1 on sm_90: dQ staging tiles (bwd_kernel_2d.cuh); layout 0: 0
+  int dq_late;      // layout 1 on sm_90: 1 issues a q-block's dQ reductions after the next iteration's mid
+                    // barrier (needs 2 staging tiles), 0 after its first barrier
 };
 
 // K, V tiles (resident), `stages` Q and dO tiles, dS^T (block_n x block_m) [and P^T, layout 1],
@@ -57,14 +59,14 @@ constexpr int kBwdMaxSmemSm80 = 163 * 1024;  // A100's per-CTA limit (H100: 227 
 
 // clang-format off
 constexpr BwdConfig kBwdConfigs[] = {
-    {32,  64,  128, 8, 2, 1, 64, 1, 0, 16, 0},  // 49 KB, 96 accumulators: small enough for S^T, dP^T of the whole q-block
-    {64,  128, 128, 8, 2, 1, 0,  1, 1, 64, 2},  // 162 KB, 192 accumulators, 2D warp tiles (H100 16k: 204 vs 194 TFLOP/s);
+    {32,  64,  128, 8, 2, 1, 64, 1, 0, 16, 0, 0},  // 49 KB, 96 accumulators: small enough for S^T, dP^T of the whole q-block
+    {64,  128, 128, 8, 2, 1, 0,  1, 1, 64, 2, 1},  // 162 KB, 192 accumulators, 2D warp tiles (H100 16k: 204 vs 194 TFLOP/s);
                                                 // S^T in 64 x 32 warp tiles, FA2's transposed: +1-2.5% over 32 x 64;
                                                 // 2 dQ staging tiles, reductions after the mid barrier: +3-4%
-    {96,  64,  128, 8, 2, 1, 32, 1, 0, 16, 0},  // 113 KB, 128 accumulators
-    {128, 64,  128, 8, 2, 1, 0,  1, 1, 32, 1},  // 161 KB, 192 accumulators, 2D warp tiles: the FA2 shape (235 vs 201 TFLOP/s)
-    {192, 64,  64,  4, 2, 2, 32, 1, 0, 16, 0},  // 153 KB, 128 accumulators: d split in 2 so dK, dV (96 columns) fit registers
-    {256, 32,  64,  4, 2, 2, 32, 1, 0, 16, 0},  // 133 KB, 160 accumulators: block_m 32 fits 2 stages of q, dO on the A100
+    {96,  64,  128, 8, 2, 1, 32, 1, 0, 16, 0, 0},  // 113 KB, 128 accumulators
+    {128, 64,  128, 8, 2, 1, 0,  1, 1, 32, 1, 0},  // 161 KB, 192 accumulators, 2D warp tiles: the FA2 shape (235 vs 201 TFLOP/s)
+    {192, 64,  64,  4, 2, 2, 32, 1, 0, 16, 0, 0},  // 153 KB, 128 accumulators: d split in 2 so dK, dV (96 columns) fit registers
+    {256, 32,  64,  4, 2, 2, 32, 1, 0, 16, 0, 0},  // 133 KB, 160 accumulators: block_m 32 fits 2 stages of q, dO on the A100
 };
 // clang-format on
 constexpr int kBwdHeadDims = sizeof(kBwdConfigs) / sizeof(kBwdConfigs[0]);
@@ -79,7 +81,7 @@ constexpr bool bwd_2d_config_ok(const BwdConfig& c) {
   return c.split_d == 1 && c.stages == 2 && c.head_dim % 64 == 0 && c.block_n % 32 == 0 && c.block_m % 32 == 0 &&
          c.block_m % 64 == 0 && sn > 0 && c.warps % sn == 0 && dqm > 0 && c.warps % dqm == 0 &&
          (c.s_keys == 32 || c.s_keys == 64) && c.block_n % c.s_keys == 0 && c.warps % ssn == 0 &&
-         (c.dq_stages == 1 || c.dq_stages == 2) &&
+         (c.dq_stages == 1 || c.dq_stages == 2) && (c.dq_late == 0 || c.dq_stages == 2) &&
          (c.block_m / (c.warps / ssn)) % 16 == 0 && is_pow2(c.head_dim / (c.warps / sn)) &&
          c.head_dim / (c.warps / sn) >= 16 && is_pow2(c.head_dim / (c.warps / dqm)) &&
          c.head_dim / (c.warps / dqm) >= 16 && 32 * c.warps >= 2 * c.block_m && bwd_smem_bytes(c) <= kBwdMaxSmemSm80 &&
@@ -88,7 +90,7 @@ constexpr bool bwd_2d_config_ok(const BwdConfig& c) {
 
 constexpr bool bwd_config_ok(const BwdConfig& c) {
   if (c.layout == 1) return bwd_2d_config_ok(c);
-  return c.layout == 0 && c.s_keys == 16 && c.dq_stages == 0 && c.block_n == 16 * c.warps && c.block_m % 16 == 0 && c.chunk_m % 16 == 0 && c.block_m % c.chunk_m == 0 &&
+  return c.layout == 0 && c.s_keys == 16 && c.dq_stages == 0 && c.dq_late == 0 && c.block_n == 16 * c.warps && c.block_m % 16 == 0 && c.chunk_m % 16 == 0 && c.block_m % c.chunk_m == 0 &&
          c.warps % (c.block_m / 16) == 0 &&
          c.head_dim % (16 * c.split_d) == 0 && (c.head_dim / c.split_d) % (16 * (c.warps / (c.block_m / 16))) == 0 &&
          c.stages == 2 && 32 * c.warps >= 2 * c.block_m && bwd_smem_bytes(c) <= kBwdMaxSmemSm80 &&
@@ -108,7 +110,7 @@ constexpr int bwd_kernel_head_dim(int head_dim) {
 constexpr BwdConfig bwd_config(int kernel_head_dim) {
   for (const BwdConfig& c : kBwdConfigs)
     if (c.head_dim == kernel_head_dim) return c;
-  return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 }
 
 // The Hopper main kernel (src/cuda/sm90/bwd_kernel.cuh, wgmma): block_n 128 keys, two warpgroups of

@@ -52,32 +52,6 @@ __device__ __forceinline__ void bulk_reduce_dq(float* dq, uint32_t smem, int row
   if (tid < kOps && r0 < r1)
     bulk_reduce_add_f32(dq + r0 * kHeadDim, smem + r0 * kHeadDim * 4, uint32_t(r1 - r0) * kHeadDim * 4);
 }
-// The same reductions issued by two threads, lanes 0 of warps 0 and 1, kOps / 2 each in a loop whose
-// addresses stay in uniform registers (per-thread operands take a lane loop with R2UR conversions); one
-// bulk group per issuing thread. The Hopper backward: +2-4% at head_dim 64, even at 128; the sm80 2D
-// kernel read 1-2% slower with it (and 9-12% with one issuing thread), dev/sm80bwd/NOTES.md.
-template <int kBlockM, int kHeadDim, int kOps, int kOp0>
-__device__ __forceinline__ void bulk_reduce_dq_ops(float* dq, uint32_t smem, int rows) {
-  static_assert(kBlockM % kOps == 0 && kOps % 2 == 0, "whole rows per reduction");
-  constexpr int kRowsPerOp = kBlockM / kOps, kOpFloats = kRowsPerOp * kHeadDim;
-  if (rows == kBlockM) {  // every q-block but a sequence's last: constant sizes and offsets
-#pragma unroll
-    for (int op = kOp0; op < kOp0 + kOps / 2; ++op)
-      bulk_reduce_add_f32_issue(dq + op * kOpFloats, smem + op * kOpFloats * 4, kOpFloats * 4);
-  } else {
-#pragma unroll 1
-    for (int op = kOp0; op < kOp0 + kOps / 2; ++op) {
-      const int r0 = op * kRowsPerOp, r1 = min(r0 + kRowsPerOp, rows);
-      if (r0 < r1) bulk_reduce_add_f32_issue(dq + r0 * kHeadDim, smem + r0 * kHeadDim * 4, uint32_t(r1 - r0) * kHeadDim * 4);
-    }
-  }
-  bulk_commit();
-}
-template <int kBlockM, int kHeadDim, int kOps>
-__device__ __forceinline__ void bulk_reduce_dq_two_warps(float* dq, uint32_t smem, int rows, int tid) {
-  if (tid == 0) bulk_reduce_dq_ops<kBlockM, kHeadDim, kOps, 0>(dq, smem, rows);
-  else if (tid == 32) bulk_reduce_dq_ops<kBlockM, kHeadDim, kOps, kOps / 2>(dq, smem, rows);
-}
 // dq_swizzle of this thread's mma fragment rows (lane / 4, + multiples of 4) of a q-block whose first
 // accumulator row is ws0. The lane index is read here (volatile): one derived from threadIdx before the
 // loop stayed live through the products and made ptxas spill (sm90 head_dim 64: 216 bytes, not 100).
@@ -137,12 +111,13 @@ struct Bwd2dTraits {
   // Warps 0-1 issue them (a lane at a time), while the other warps wait at the next barrier.
   // One tile (head_dim 128): iteration it + 1 issues the reductions of it after its first barrier, and
   //   they have read the tile by its mid barrier, after which it is staged again.
-  // Two tiles (head_dim 64, kDqIssueLate): issued after the mid barrier, where every warp's ldmatrix
+  // Two tiles, dq_late (head_dim 64): issued after the mid barrier, where every warp's ldmatrix
   //   burst of dV, dK, dQ stalls on the MIO queue anyway (ncu: the barrier wait they caused was 6% of
   //   the samples), with a whole iteration to read their tile: +3-4% at head_dim 64; 2% slower at 128
-  //   (dev/sm80bwd/NOTES.md, session 18).
+  //   (dev/sm80bwd/NOTES.md, session 18). Two tiles with the early issue read even or slower at 128
+  //   (16k -2%) and 2-4% slower at 64 (session 19).
   static constexpr int kDqStages = kConfig.dq_stages, kDqTileFloats = kBlockM * kHeadDim;
-  static constexpr bool kDqIssueLate = kDqStages == 2;
+  static constexpr bool kDqIssueLate = kConfig.dq_late != 0;
   static constexpr int kDqStageBytes = kDqStages * kDqTileFloats * 4, kDqBulkOps = 64;
   static_assert(kSmemBytes + kDqStageBytes <= 227 * 1024, "the staging tile must fit the H100's shared memory");
 };

@@ -42,7 +42,7 @@ struct BwdTraits {
   // K, V, 2 x (Q, dO), dS^T, 2 x (lse, D), then dq_stages fp32 dQ staging tiles [block_m][head_dim] in the
   // accumulator's layout (sm80::dq_swizzle), added by 16 bulk reductions (8 rows each at head_dim 64, 4
   // at 128): 3-10% faster than one per row; 8 about the same, 32 slower (docs/sm90_bwd.md). Issued by
-  // lanes 0 of warps 0 and 1, 8 each (sm80::bulk_reduce_dq_two_warps; +2-4% at head_dim 64 over a lane each).
+  // lanes 0 of warps 0 and 1, 8 each (bulk_reduce_dq_two_warps below; +2-4% at head_dim 64 over a lane each).
   static constexpr int kDqBulkOps = 16, kDqStages = sm80::sm90_bwd_config(kHeadDim).dq_stages;
   static constexpr int kDqTileFloats = kBlockM * kHeadDim;
   static constexpr int kSmemBytes = 2 * TileKV::kBytes + 4 * TileQ::kBytes + TileDs::kBytes + 4 * kBlockM * 4 +
@@ -57,6 +57,34 @@ struct BwdTraits {
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
   asm volatile("mov.b32 %0, %0;" : "+r"(x));
   return x;
+}
+
+// sm80::bulk_reduce_dq's reductions issued by two threads, lanes 0 of warps 0 and 1, kOps / 2 each in a
+// loop whose addresses stay in uniform registers (per-thread operands take a lane loop with R2UR
+// conversions); one bulk group per issuing thread. Here +2-4% at head_dim 64, even at 128; the sm80 2D
+// kernel read 1-2% slower with it (and 9-12% with one issuing thread), dev/sm80bwd/NOTES.md.
+template <int kBlockM, int kHeadDim, int kOps, int kOp0>
+__device__ __forceinline__ void bulk_reduce_dq_ops(float* dq, uint32_t smem, int rows) {
+  static_assert(kBlockM % kOps == 0 && kOps % 2 == 0, "whole rows per reduction");
+  constexpr int kRowsPerOp = kBlockM / kOps, kOpFloats = kRowsPerOp * kHeadDim;
+  if (rows == kBlockM) {  // every q-block but a sequence's last: constant sizes and offsets
+#pragma unroll
+    for (int op = kOp0; op < kOp0 + kOps / 2; ++op)
+      sm80::bulk_reduce_add_f32_issue(dq + op * kOpFloats, smem + op * kOpFloats * 4, kOpFloats * 4);
+  } else {
+#pragma unroll 1
+    for (int op = kOp0; op < kOp0 + kOps / 2; ++op) {
+      const int r0 = op * kRowsPerOp, r1 = min(r0 + kRowsPerOp, rows);
+      if (r0 < r1) sm80::bulk_reduce_add_f32_issue(dq + r0 * kHeadDim, smem + r0 * kHeadDim * 4, uint32_t(r1 - r0) * kHeadDim * 4);
+    }
+  }
+  sm80::bulk_commit();
+}
+// Lane 0 of warp 0 issues the first half, lane 0 of warp 1 the second.
+template <int kBlockM, int kHeadDim, int kOps>
+__device__ __forceinline__ void bulk_reduce_dq_two_warps(float* dq, uint32_t smem, int rows, int tid) {
+  if (tid == 0) bulk_reduce_dq_ops<kBlockM, kHeadDim, kOps, 0>(dq, smem, rows);
+  else if (tid == 32) bulk_reduce_dq_ops<kBlockM, kHeadDim, kOps, kOps / 2>(dq, smem, rows);
 }
 
 template <class T, int kHeadDim>
