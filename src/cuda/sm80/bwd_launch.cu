@@ -11,13 +11,11 @@
 //                        (tail_split; R < the GPU's SM count, so at most 16.5 MB at head_dim 128 on an H100)
 // with rows_q = total_q (varlen) or batch * seqlen_q. GQA needs nothing more: a CTA sums dK, dV over
 // its kv head's group of query heads in registers.
-#include <algorithm>
-#include <climits>
-
 #include "common/layout.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/sm80/bwd_config.cuh"
+#include "cuda/sm80/bwd_tail_split.hpp"
 #include "cuda/sm80/mma.cuh"
 
 namespace flashattn::sm80 {
@@ -74,37 +72,6 @@ constexpr BwdKernels kBwdKernels[] = {
 };
 
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
-// The last wave's split (the 2D main kernel, bwd_kernel_2d.cuh). T equal tasks on W SMs (one CTA each)
-// run in waves, and the last T % W tasks run while the other SMs idle: on the H100 (132 SMs) the d128
-// 16k backward read 319 TFLOP/s with 2048 tasks against 326 with 4224 (32 whole waves;
-// dev/sm80bwd/waves.py). Those R = T % W tasks run as P pieces of I / P of their I iterations each:
-// ceil(R P / W) rounds of I / P + kPieceCost instead of one of I + kPieceCost (kPieceCost: a CTA's own
-// cost in iterations: K, V loads, the pipeline's start, the dK, dV adds). Problems whose tasks all have I
-// iterations only (no mask, not varlen), and not deterministic (the pieces' fp32 adds come in any order).
-struct TailSplit {
-  int32_t tasks = 0;  // T
-  int32_t split = 0;  // R: the last R tasks are split
-  int32_t pieces = 1; // P
-};
-// splittable: the main kernel can run pieces (the 2D and the Hopper kernels).
-TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool splittable, int num_sms) {
-  constexpr double kPieceCost = 3;
-  TailSplit t;
-  const int64_t tasks = int64_t((p.seqlen_k + block_n - 1) / block_n) * p.num_heads_kv * p.batch;
-  t.tasks = int32_t(std::min<int64_t>(tasks, INT32_MAX));
-  const bool uniform = !is_varlen(p) && !p.causal && p.window_left < 0 && p.window_right < 0;
-  const int64_t iters = int64_t(p.num_heads / p.num_heads_kv) * ((p.seqlen_q + block_m - 1) / block_m);
-  if (!splittable || p.deterministic || !uniform || num_sms <= 0 || tasks > INT32_MAX / 64 || iters > INT32_MAX / 64)
-    return t;
-  const int rest = int(tasks % num_sms);
-  double best = iters + kPieceCost;
-  for (int pieces = 2; pieces <= std::min<int64_t>(iters, 64); ++pieces) {
-    const double cost = double((int64_t(rest) * pieces + num_sms - 1) / num_sms) * (double(iters) / pieces + kPieceCost);
-    if (cost < best) best = cost, t.split = rest, t.pieces = pieces;
-  }
-  return t;
-}
 
 struct BwdWorkspace {
   int kernel_head_dim = 0;

@@ -1,0 +1,84 @@
+// The backward's last-wave split (src/cuda/sm80/bwd_tail_split.hpp), decided on the host: which problems
+// split, how many tasks and pieces, on the standard sweep's shapes for an H100's 132 SMs and on the edges.
+// The kernels' side (pieces adding dK, dV, the last one writing) runs in the CUDA backward suites.
+#include <gtest/gtest.h>
+
+#include "cuda/sm80/bwd_tail_split.hpp"
+
+namespace {
+
+using flashattn::sm80::tail_split;
+using flashattn::sm80::TailSplit;
+
+constexpr int kSms = 132, kBlockN = 128;
+
+fa_params problem(int batch, int seqlen, int heads, int heads_kv) {
+  fa_params p;
+  fa_params_init(&p);
+  p.batch = batch, p.seqlen_q = p.seqlen_k = seqlen, p.num_heads = heads, p.num_heads_kv = heads_kv;
+  p.head_dim = 128;
+  return p;
+}
+
+// ceil(R P / W) (I / P + 3): the model's cost of the split tail, in iterations.
+double cost(const TailSplit& t, int iters) {
+  if (t.split == 0) return iters + 3.0;
+  return double((int64_t(t.split) * t.pieces + kSms - 1) / kSms) * (double(iters) / t.pieces + 3.0);
+}
+
+TEST(BwdTailSplit, SweepShapesSplitTheirLastWave) {
+  // d128 (block_m 64): 2048 tasks at every seqlen of the sweep, 68 past 15 whole waves.
+  const TailSplit t = tail_split(problem(1, 16384, 16, 16), 64, kBlockN, true, kSms);
+  EXPECT_EQ(t.tasks, 2048);
+  EXPECT_EQ(t.split, 2048 % kSms);
+  EXPECT_GT(t.pieces, 1);
+  EXPECT_LT(cost(t, 256), 0.65 * cost(TailSplit{2048, 0, 1}, 256));
+  // Every P in range costs at least what the chosen one does.
+  for (int pieces = 2; pieces <= 64; ++pieces)
+    EXPECT_GE(cost(TailSplit{2048, 68, pieces}, 256), cost(t, 256)) << pieces;
+  // d64 (block_m 128): 4096 tasks, 4 past 31 waves: many small pieces in one round.
+  const TailSplit d64 = tail_split(problem(1, 16384, 32, 32), 128, kBlockN, true, kSms);
+  EXPECT_EQ(d64.split, 4096 % kSms);
+  EXPECT_LE(int64_t(d64.split) * d64.pieces, kSms);
+  EXPECT_GE(d64.pieces, 16);
+}
+
+TEST(BwdTailSplit, ShortTasksStayWhole) {
+  // 512 keys at d128: 8 iterations a task; pieces would cost more than the tail.
+  EXPECT_EQ(tail_split(problem(32, 512, 16, 16), 64, kBlockN, true, kSms).split, 0);
+  // Whole waves: nothing to split.
+  EXPECT_EQ(tail_split(problem(1, 16384, 33, 33), 64, kBlockN, true, kSms).split, 0);
+}
+
+TEST(BwdTailSplit, OnlyUnmaskedFixedLengthNonDeterministic) {
+  const fa_params base = problem(1, 16384, 16, 16);
+  ASSERT_GT(tail_split(base, 64, kBlockN, true, kSms).split, 0);
+  fa_params p = base;
+  p.causal = 1;
+  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms).split, 0);
+  p = base, p.window_left = 1000;
+  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms).split, 0);
+  p = base, p.deterministic = 1;
+  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms).split, 0);
+  const int32_t cu[2] = {0, 16384};
+  p = base, p.cu_seqlens_q = p.cu_seqlens_k = cu;
+  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms).split, 0);
+  EXPECT_EQ(tail_split(base, 64, kBlockN, false, kSms).split, 0);  // a kernel without pieces
+  EXPECT_EQ(tail_split(base, 64, kBlockN, true, 0).split, 0);      // SM count unknown
+}
+
+TEST(BwdTailSplit, GqaCountsTasksPerKvHead) {
+  // 8 query heads on 2 kv heads: tasks are per kv head, iterations cover the group.
+  const TailSplit t = tail_split(problem(1, 1000, 8, 2), 64, kBlockN, true, kSms);
+  EXPECT_EQ(t.tasks, 8 * 2);
+  EXPECT_EQ(t.split, 16);
+  EXPECT_EQ(t.pieces, 8);  // 4 x 16 = 64 iterations: 8 pieces of 8 in one round of 128 CTAs
+}
+
+TEST(BwdTailSplit, EmptyAndHugeProblems) {
+  EXPECT_EQ(tail_split(problem(1, 0, 16, 16), 64, kBlockN, true, kSms).split, 0);
+  // More tasks than the kernels' 32-bit piece arithmetic allows: whole tasks.
+  EXPECT_EQ(tail_split(problem(1 << 20, 16384, 16, 16), 64, kBlockN, true, kSms).split, 0);
+}
+
+}  // namespace
