@@ -36,8 +36,11 @@ TEST(FastDivmod, MatchesIntegerDivision) {
       for (int64_t e : {-1, 0, 1})
         if (k * d + e >= 0 && k * d + e <= INT32_MAX) ns.push_back(int32_t(k * d + e));
     for (int i = 0; i < 16; ++i) ns.push_back(any(rng));
-    for (int32_t n : ns)
-      if (n >= 0) ASSERT_TRUE(matches(d, n));
+    for (int32_t n : ns) {
+      if (n >= 0) {
+        ASSERT_TRUE(matches(d, n));
+      }
+    }
   }
 }
 
