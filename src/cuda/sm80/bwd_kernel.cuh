@@ -21,6 +21,7 @@
 // always ends. fp32 adds in a fixed order give bit-identical dQ; dK, dV never use atomics.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "common/mask.hpp"
@@ -131,6 +132,16 @@ struct BwdTask {
   int slot;    // split tasks: the index into tail_dkv / tail_done; -1: a whole task
   int piece;   // 0 .. pieces - 1
   int pieces;  // CTAs sharing the task's iterations (1: whole)
+
+  // This CTA's share [it_begin, it_begin + num_iters) of the task's task_iters iterations (the host splits
+  // only tasks with 64 * task_iters < 2^31).
+  __device__ __forceinline__ void iterations(int task_iters, int& it_begin, int& num_iters) const {
+    it_begin = 0, num_iters = task_iters;
+    if (slot >= 0) {
+      it_begin = piece * task_iters / pieces;
+      num_iters = (piece + 1) * task_iters / pieces - it_begin;
+    }
+  }
 };
 // (Divisions by multiply-high: the ~20-instruction divisions of a CTA's first instructions cost the short
 // calls 2%, dev/sm80bwd/NOTES.md.)
@@ -144,6 +155,17 @@ __device__ __forceinline__ BwdTask bwd_task(const BwdParams& p) {
   t.n_block = p.n_blocks_div.divmod(task, rest);
   t.head_kv = p.heads_kv_div.divmod(rest, t.b);
   return t;
+}
+
+// CTAs of the task grid: every task once, the split ones tail_pieces times.
+inline Status bwd_task_ctas(const BwdParams& bp, const char* impl, unsigned* ctas) {
+  const int64_t tasks = int64_t(bp.num_n_blocks) * bp.num_heads_kv * bp.batch;
+  const int64_t n = tasks + int64_t(bp.tail_tasks) * (bp.tail_pieces - 1);
+  if (n > INT32_MAX)
+    return unsupported("%s backward: %lld k-blocks x kv heads x batch exceed a grid", impl,
+                       static_cast<long long>(tasks));
+  *ctas = unsigned(n);
+  return {};
 }
 
 // Whether this CTA writes its task's dK, dV: a whole task does; a piece of a split task adds this

@@ -159,11 +159,8 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   // The task's iterations it (query head head_kv * group + it / m_range, q-block i_begin + it % m_range);
   // a piece of a split task runs [it_begin, it_begin + num_iters) of them.
   const int m_range = i_end - i_begin, task_iters = p.group * m_range;
-  int it_begin = 0, num_iters = task_iters;
-  if (task.slot >= 0) {  // (the host splits only tasks with 64 * task_iters < 2^31)
-    it_begin = task.piece * task_iters / task.pieces;
-    num_iters = (task.piece + 1) * task_iters / task.pieces - it_begin;
-  }
+  int it_begin, num_iters;
+  task.iterations(task_iters, it_begin, num_iters);
   const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
   // K_j, V_j: whole tiles take load_whole_tile (the generic load_tile's per-unit index math was ~40
   // instructions a unit, 8% of a short causal call's instructions at head_dim 128, ncu).

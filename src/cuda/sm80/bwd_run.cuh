@@ -18,12 +18,9 @@ Status launch_bwd_main_2d(const BwdParams& bp, cudaStream_t stream) {
   const int smem = Tr::kSmemBytes + (dev.sm / 10 == 9 ? Tr::kDqStageBytes : 0);
   FA_RETURN_IF_ERROR(cuda::opt_in_shared_memory<kernel>(dev, smem, "flashattn-sm80", "backward", kHeadDim));
   // One grid dimension of tasks (k-block, kv head, batch), the split ones as tail_pieces CTAs each.
-  const int64_t tasks = int64_t(bp.num_n_blocks) * bp.num_heads_kv * bp.batch;
-  const int64_t ctas = tasks + int64_t(bp.tail_tasks) * (bp.tail_pieces - 1);
-  if (ctas > INT32_MAX)
-    return unsupported("flashattn-sm80 backward: %lld k-blocks x kv heads x batch exceed a grid",
-                       static_cast<long long>(tasks));
-  kernel<<<unsigned(ctas), Tr::kThreads, smem, stream>>>(bp);
+  unsigned ctas = 0;
+  FA_RETURN_IF_ERROR(bwd_task_ctas(bp, "flashattn-sm80", &ctas));
+  kernel<<<ctas, Tr::kThreads, smem, stream>>>(bp);
   return {};
 }
 

@@ -125,11 +125,8 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   // Iteration it: query head head_kv * group + it / m_range, q-block i_begin + it % m_range; a piece of a
   // split task runs [it_begin, it_begin + num_iters).
   const int m_range = i_end - i_begin, task_iters = p.group * m_range;
-  int it_begin = 0, num_iters = task_iters;
-  if (task.slot >= 0) {  // (the host splits only tasks with 64 * task_iters < 2^31)
-    it_begin = task.piece * task_iters / task.pieces;
-    num_iters = (task.piece + 1) * task_iters / task.pieces - it_begin;
-  }
+  int it_begin, num_iters;
+  task.iterations(task_iters, it_begin, num_iters);
   load_kv_block<T, kBlockN, kHeadDim, kThreads>(sK, sV, p, seq, n0, head_kv);
 
   const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;

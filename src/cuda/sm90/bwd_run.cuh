@@ -14,12 +14,9 @@ Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semap
     constexpr auto kernel = &bwd_main_kernel<T, kHeadDim>;
     FA_RETURN_IF_ERROR(opt_in_shared_memory<kernel>(Tr::kSmemBytes, "flashattn-sm90", "backward", kHeadDim));
     // One grid dimension of tasks (k-block, kv head, batch), the split ones as tail_pieces CTAs each.
-    const int64_t tasks = int64_t(bp.num_n_blocks) * bp.num_heads_kv * bp.batch;
-    const int64_t ctas = tasks + int64_t(bp.tail_tasks) * (bp.tail_pieces - 1);
-    if (ctas > INT32_MAX)
-      return unsupported("flashattn-sm90 backward: %lld k-blocks x kv heads x batch exceed a grid",
-                         static_cast<long long>(tasks));
-    kernel<<<unsigned(ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(bp);
+    unsigned ctas = 0;
+    FA_RETURN_IF_ERROR(sm80::bwd_task_ctas(bp, "flashattn-sm90", &ctas));
+    kernel<<<ctas, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp);
     FA_CUDA_CHECK_LAUNCH("sm90 backward main");
   }
   return sm80::launch_bwd_convert_dq<T, kHeadDim>(bp, stream);
