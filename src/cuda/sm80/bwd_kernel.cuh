@@ -21,7 +21,6 @@
 // always ends. fp32 adds in a fixed order give bit-identical dQ; dK, dV never use atomics.
 #pragma once
 
-#include <climits>
 #include <cstdint>
 
 #include "common/mask.hpp"

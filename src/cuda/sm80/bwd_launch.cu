@@ -8,7 +8,8 @@
 //   dQ accumulator       fp32 (num_heads, rows_q, kernel head_dim)
 //   semaphores           int32 (batch, num_heads, q-blocks, split_d), deterministic mode only
 //   tail dK, dV sums     fp32 (R, 2, block_n, kernel head_dim) and R counters: the last wave's R split tasks
-//                        (tail_split; R < the GPU's SM count, so at most 16.5 MB at head_dim 128 on an H100)
+//                        (tail_split; R < the GPU's SM count: at most 131 slots of 128 KiB = 17.2 MB at
+//                        head_dim 128 on an H100)
 // with rows_q = total_q (varlen) or batch * seqlen_q. GQA needs nothing more: a CTA sums dK, dV over
 // its kv head's group of query heads in registers.
 #include "common/layout.hpp"

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 
 #include "common/layout.hpp"
