@@ -10,6 +10,7 @@ for d in 64 128 256; do
 
 namespace flashattn::cuda::sm90 {
 template Status run_fwd<${d}, ${b}>(const fa_params& p);
+template size_t fwd_workspace<${d}, ${b}>(const fa_params& p, int num_sms);
 }  // namespace flashattn::cuda::sm90
 EOT
   done

@@ -5,7 +5,10 @@
 // of many query rows (launch_template.cuh). Skips without an sm_90 GPU.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
 #include "cuda/cuda_backend.hpp"
+#include "cuda/kernels.hpp"
 #include "support/harness.hpp"
 
 namespace {
@@ -116,6 +119,43 @@ TEST_P(Sm90Forward, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Standard, Sm90Forward, testing::ValuesIn(sm90_forward_cases()), param_name);
+
+// The last round's split (fwd_tail_plan, launch_template.cuh): where tiles % SMs leaves a short last
+// round and every tile visits every key block, the last tiles run as pieces over parts of the keys
+// whose partial O, row max and row sum merge in the workspace. Shapes sized from this GPU's SM count
+// so that they split: one tile a head over all SMs + 1 or + 3 (1 or 3 split tiles, 8 pieces each), and
+// fewer tiles than SMs (all of them split); both head_dim 128 kernels (up to 2k keys: 128-row tiles,
+// 2 consumer warpgroups; past 2k: 192-row tiles, 3), a partial last key block, GQA, MQA, softcap.
+TEST(Sm90Forward, LastRoundSplitMatchesReference) {
+  if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  std::vector<Case> cases;
+  for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
+    Case c = fa_test::make_case(dt, 1, 100, 1500, sms + 1, sms + 1, 128);
+    cases.push_back(c);
+    c = fa_test::make_case(dt, 1, 150, 2900, sms + 3, 1, 128);  // MQA, 23 key blocks
+    c.softcap = 25.f;
+    cases.push_back(c);
+    c = fa_test::make_case(dt, 2, 300, 1000, 4, 2, 128);  // 24 tiles (a partial m-block each head): all split
+    cases.push_back(c);
+    c = fa_test::make_case(dt, 3, 500, 4100, 3, 3, 128);  // 27 tiles of 192 rows, 33 key blocks
+    c.softmax_scale = 0.6f;  // maxima that differ from piece to piece
+    cases.push_back(c);
+  }
+  for (const Case& c : cases) {
+    fa_params p;
+    fa_params_init(&p);
+    p.dtype = c.dtype, p.head_dim = c.head_dim, p.batch = c.batch, p.seqlen_q = c.seqlen_q, p.seqlen_k = c.seqlen_k;
+    p.num_heads = c.num_heads, p.num_heads_kv = c.num_heads_kv;
+    fa_params_set_contiguous_strides(&p);
+    EXPECT_GT(flashattn::cuda::sm90_forward_workspace(p), 0u) << c.name() << ": no split planned";
+    EXPECT_TRUE(fa_test::check_forward(c, FA_IMPL_CUDA_SM90, fa_test::Space::Cuda)) << c.name();
+    p.num_splits = 1;  // key splits off: whole tiles, no workspace
+    EXPECT_EQ(flashattn::cuda::sm90_forward_workspace(p), 0u) << c.name();
+  }
+}
 
 // The dispatcher on an sm_90 GPU takes the Hopper forward, except for decode (a few query rows over
 // 16 key blocks or more: the sm80 decode config), where its tiles leave SMs idle and the sm80 forward

@@ -1,16 +1,14 @@
-// The backward's last-wave split, decided on the host (plain C++: the CPU tests check it). T equal tasks
-// (k-block, kv head, batch) on W SMs, one CTA each, run in waves, and the last T mod W tasks run while the
-// other SMs idle: on the H100 (132 SMs) the d128 16k backward read 319 TFLOP/s with 2048 tasks against 326
-// with 4224 (32 whole waves; dev/sm80bwd/waves.py). Those R = T mod W tasks run as P pieces of I / P of
-// their I q-block iterations each: ceil(R P / W) rounds of I / P + kPieceCost instead of one of
-// I + kPieceCost (kPieceCost: a CTA's own cost in iterations: K, V loads, the pipeline's start, the dK, dV
-// adds). Only problems whose tasks all have I iterations (no mask, not varlen), and not deterministic (the
-// pieces' fp32 adds come in any order). The kernels' side: tail_sum in bwd_kernel.cuh.
+// The backward's last-wave split, decided on the host (plain C++: the CPU tests check it): the model of
+// common/last_round_split.hpp on k-block tasks (k-block, kv head, batch) of I q-block iterations. On the
+// H100 (132 SMs) the d128 16k backward read 319 TFLOP/s with 2048 tasks against 326 with 4224 (32 whole
+// waves; dev/sm80bwd/waves.py). Only problems whose tasks all have I iterations (no mask, not varlen), and
+// not deterministic (the pieces' fp32 adds come in any order). The kernels' side: tail_sum in bwd_kernel.cuh.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
+#include "common/last_round_split.hpp"
 #include "common/layout.hpp"
 #include "flashattn/flashattn.h"
 
@@ -24,7 +22,6 @@ struct TailSplit {
 
 // splittable: the main kernel can run pieces (the sm80 2D and the Hopper kernels). num_sms <= 0: no split.
 inline TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool splittable, int num_sms) {
-  constexpr double kPieceCost = 3;
   TailSplit t;
   const int64_t tasks = int64_t((p.seqlen_k + block_n - 1) / block_n) * p.num_heads_kv * p.batch;
   t.tasks = int32_t(std::min<int64_t>(tasks, INT32_MAX));
@@ -33,13 +30,8 @@ inline TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool s
   // (The kernels compute a piece's range in 32 bits: 64 * iters < 2^31.)
   if (!splittable || p.deterministic || !uniform || num_sms <= 0 || tasks > INT32_MAX / 64 || iters > INT32_MAX / 64)
     return t;
-  const int rest = int(tasks % num_sms);
-  double best = double(iters) + kPieceCost;
-  for (int pieces = 2; pieces <= std::min<int64_t>(iters, 64); ++pieces) {
-    const double rounds = double((int64_t(rest) * pieces + num_sms - 1) / num_sms);
-    const double cost = rounds * (double(iters) / pieces + kPieceCost);
-    if (cost < best) best = cost, t.split = rest, t.pieces = pieces;
-  }
+  const LastRoundSplit s = last_round_split(tasks, iters, num_sms, 64);
+  t.split = s.split, t.pieces = s.pieces;
   return t;
 }
 

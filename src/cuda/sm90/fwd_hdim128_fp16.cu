@@ -3,4 +3,5 @@
 
 namespace flashattn::cuda::sm90 {
 template Status run_fwd<128, false>(const fa_params& p);
+template size_t fwd_workspace<128, false>(const fa_params& p, int num_sms);
 }  // namespace flashattn::cuda::sm90

@@ -101,7 +101,25 @@ bool sm90_supports(const fa_params& p) {
   return true;
 }
 
-size_t sm90_forward_workspace(const fa_params&) { return 0; }
+size_t sm90_forward_workspace(const fa_params& p) {
+  DeviceInfo dev;
+  if (!sm90_supports(p) || !device_info(&dev).ok()) return 0;
+  const bool bf16 = p.dtype == FA_BFLOAT16;
+  switch (p.head_dim) {
+#if FLASHATTN_HDIM_64
+    case 64: return bf16 ? sm90::fwd_workspace<64, true>(p, dev.num_sms) : sm90::fwd_workspace<64, false>(p, dev.num_sms);
+#endif
+#if FLASHATTN_HDIM_128
+    case 128:
+      return bf16 ? sm90::fwd_workspace<128, true>(p, dev.num_sms) : sm90::fwd_workspace<128, false>(p, dev.num_sms);
+#endif
+#if FLASHATTN_HDIM_256
+    case 256:
+      return bf16 ? sm90::fwd_workspace<256, true>(p, dev.num_sms) : sm90::fwd_workspace<256, false>(p, dev.num_sms);
+#endif
+    default: return 0;
+  }
+}
 
 Status sm90_forward(const fa_params& p) {
   if (!sm90_supports(p))

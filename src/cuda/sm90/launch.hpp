@@ -3,6 +3,7 @@
 
 #include <cuda.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/status.hpp"
@@ -17,5 +18,9 @@ Status make_tensor_map(CUtensorMap* map, const void* base, bool bf16, int head_d
 
 template <int kHeadDim, bool kBf16>
 Status run_fwd(const fa_params& p);
+
+// Bytes of workspace run_fwd uses on num_sms SMs (the last round's split, launch_template.cuh).
+template <int kHeadDim, bool kBf16>
+size_t fwd_workspace(const fa_params& p, int num_sms);
 
 }  // namespace flashattn::cuda::sm90

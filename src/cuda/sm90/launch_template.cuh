@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/last_round_split.hpp"
 #include "common/layout.hpp"
 #include "cuda/common.cuh"
 #include "cuda/sm90/kernel.cuh"
@@ -40,6 +41,37 @@ int32_t causal_row_shift(const fa_params& p, int32_t num_m_blocks) {
     return total;
   };
   return key_blocks(pad) < key_blocks(0) ? pad : 0;
+}
+
+// The last round's split (common/last_round_split.hpp) of a problem whose tiles all visit every key
+// block (non-causal, no window, fixed length), in one round (split * pieces <= SMs), unless the caller
+// turned key splits off (num_splits 1). A tile of block_m rows over 16k keys is 128 key blocks: at
+// head_dim 128 the sweep's 1376 tiles leave 56 for an 11th round on 132 SMs (dev/sm90/fwd_waves.py:
+// 624-640 TFLOP/s with 9.1-10.4 rounds, 678-697 with 7.8 and 15.0). The workspace holds each piece's
+// partial state (FwdParams::tail_o, tail_ml) and the counters.
+struct FwdTailPlan {
+  int32_t split = 0, pieces = 1;
+  size_t done_bytes = 0, ml_bytes = 0, o_bytes = 0;
+  size_t bytes() const { return done_bytes + ml_bytes + o_bytes; }
+};
+template <class T>
+FwdTailPlan fwd_tail_plan(const fa_params& p, int num_sms) {
+  FwdTailPlan t;
+  const bool uniform = !is_varlen(p) && !p.causal && p.window_left < 0 && p.window_right < 0;
+  if (!T::kTailSplit || !uniform || p.num_splits == 1 || p.seqlen_q <= 0 || p.seqlen_k <= 0 || num_sms <= 0) return t;
+  const int64_t tiles = int64_t(p.batch) * p.num_heads * ((int64_t(p.seqlen_q) + T::kBlockM - 1) / T::kBlockM);
+  const int64_t iters = (int64_t(p.seqlen_k) + T::kBlockN - 1) / T::kBlockN;
+  // (The kernel computes a piece's range in 32 bits: 64 * iters < 2^31.)
+  if (tiles >= (int64_t(1) << 30) || iters > INT32_MAX / 64 || tiles % num_sms == 0) return t;
+  const LastRoundSplit s =
+      last_round_split(tiles, iters, num_sms, std::min<int64_t>(kMaxTailPieces, num_sms / (tiles % num_sms)));
+  if (s.split == 0) return t;
+  t.split = s.split, t.pieces = s.pieces;
+  const size_t warpgroup_pieces = size_t(s.split) * s.pieces * T::kConsumerWarpgroups;
+  t.done_bytes = (size_t(s.split) * T::kConsumerWarpgroups * sizeof(int32_t) + 255) / 256 * 256;
+  t.ml_bytes = warpgroup_pieces * 128 * sizeof(float4);
+  t.o_bytes = warpgroup_pieces * (T::kHeadDim / 8) * 128 * sizeof(float4);
+  return t;
 }
 
 // One tile configuration's launch.
@@ -107,6 +139,20 @@ Status launch(const fa_params& p) {
 
   DeviceInfo dev;
   FA_RETURN_IF_ERROR(device_info(&dev));
+  // The split needs its workspace (fa_workspace_size); without it the tiles run whole.
+  const FwdTailPlan tail = fwd_tail_plan<T>(p, dev.num_sms);
+  const bool split = tail.split > 0 && p.workspace && p.workspace_bytes >= tail.bytes();
+  fp.tail_pieces = split ? tail.pieces : 1;
+  fp.tail_begin = fp.num_tiles - (split ? tail.split : 0);
+  fp.num_tasks = fp.tail_begin + (fp.num_tiles - fp.tail_begin) * fp.tail_pieces;
+  fp.tail_pieces_div = FastDivmod(fp.tail_pieces);
+  if (split) {
+    char* ws = static_cast<char*>(p.workspace);
+    fp.tail_done = reinterpret_cast<int32_t*>(ws);
+    fp.tail_ml = reinterpret_cast<float4*>(ws + tail.done_bytes);
+    fp.tail_o = reinterpret_cast<float4*>(ws + tail.done_bytes + tail.ml_bytes);
+    FA_CUDA_CHECK(cudaMemsetAsync(fp.tail_done, 0, tail.done_bytes, stream_of(p)));
+  }
   // k and v of one (batch, head): seqlen_k * head_dim * 2 tensors * 2 bytes. Half of L2 for them.
   const int64_t kv_bytes = std::max<int64_t>(1, int64_t(p.seqlen_k) * kHeadDim * 4);
   fp.heads_per_section = int32_t(std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, num_bh));
@@ -145,7 +191,7 @@ Status launch(const fa_params& p) {
   static_assert(smem_bytes <= 227 * 1024, "shared memory per CTA");
   constexpr auto kernel = &fwd_kernel<T>;
   FA_RETURN_IF_ERROR(opt_in_shared_memory<kernel>(dev, int(smem_bytes), "flashattn-sm90", "forward", kHeadDim));
-  const int grid = int(std::min<int64_t>(num_tiles, dev.num_sms));
+  const int grid = int(std::min<int64_t>(fp.num_tasks, dev.num_sms));
   kernel<<<grid, T::kThreads, smem_bytes, stream_of(p)>>>(map_q, map_k, map_v, map_o, fp);
   FA_CUDA_CHECK_LAUNCH("flashattn-sm90 forward");
   return {};
@@ -169,8 +215,14 @@ Status launch(const fa_params& p) {
 //                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
 //                 (+16-27% at 512 keys, epilogue.cuh); block_n 80 (no room left for the slab)
 //                 non-causal past 8k keys: +3% at 16k, even at 8k, 2-8% slower below.
-template <int kHeadDim, bool kBf16>
-Status run_fwd(const fa_params& p) {
+template <class T>
+struct TraitsTag {
+  using type = T;
+};
+
+// Calls f(TraitsTag<T>{}) with the configuration T of p (the table above).
+template <int kHeadDim, bool kBf16, class F>
+auto with_fwd_config(const fa_params& p, F&& f) {
 #if FLASHATTN_SM90_DEV_CONFIG
   constexpr int kBlockN = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_BLOCK_N
                           : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_BLOCK_N
@@ -178,21 +230,32 @@ Status run_fwd(const fa_params& p) {
   constexpr int kConsumers = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_CONSUMERS
                              : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_CONSUMERS
                                                : 2;
-  return launch<Traits<kHeadDim, kBf16, kBlockN, bool(FLASHATTN_SM90_RESCALE_EARLY),
-                       bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers, FLASHATTN_SM90_SERIAL && kConsumers == 3>>(p);
+  return f(TraitsTag<Traits<kHeadDim, kBf16, kBlockN, bool(FLASHATTN_SM90_RESCALE_EARLY),
+                            bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers, FLASHATTN_SM90_SERIAL && kConsumers == 3>>{});
 #else
   if constexpr (kHeadDim == 64) {
-    if (p.seqlen_q <= 128 || (p.causal && p.seqlen_q <= 1024)) return launch<Traits<64, kBf16, 128, true>>(p);
-    if (p.causal) return launch<Traits<64, kBf16, 192, false, false, 3, true>>(p);
-    return launch<Traits<64, kBf16, 128, false, false, 3>>(p);
+    if (p.seqlen_q <= 128 || (p.causal && p.seqlen_q <= 1024)) return f(TraitsTag<Traits<64, kBf16, 128, true>>{});
+    if (p.causal) return f(TraitsTag<Traits<64, kBf16, 192, false, false, 3, true>>{});
+    return f(TraitsTag<Traits<64, kBf16, 128, false, false, 3>>{});
   } else if constexpr (kHeadDim == 128) {
-    const bool short_keys = p.seqlen_k <= 2048;
-    return short_keys ? launch<Traits<128, kBf16, 128, true>>(p) : launch<Traits<128, kBf16, 128, false, false, 3, true>>(p);
+    if (p.seqlen_k <= 2048) return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
+    return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true>>{});
   } else {
-    if (!p.causal && p.seqlen_k > 8192) return launch<Traits<kHeadDim, kBf16, 80, false>>(p);
-    return launch<Traits<kHeadDim, kBf16, 64, false>>(p);
+    if (!p.causal && p.seqlen_k > 8192) return f(TraitsTag<Traits<kHeadDim, kBf16, 80, false>>{});
+    return f(TraitsTag<Traits<kHeadDim, kBf16, 64, false>>{});
   }
 #endif
+}
+
+template <int kHeadDim, bool kBf16>
+Status run_fwd(const fa_params& p) {
+  return with_fwd_config<kHeadDim, kBf16>(p, [&](auto tag) { return launch<typename decltype(tag)::type>(p); });
+}
+
+template <int kHeadDim, bool kBf16>
+size_t fwd_workspace(const fa_params& p, int num_sms) {
+  return with_fwd_config<kHeadDim, kBf16>(
+      p, [&](auto tag) { return fwd_tail_plan<typename decltype(tag)::type>(p, num_sms).bytes(); });
 }
 
 }  // namespace flashattn::cuda::sm90

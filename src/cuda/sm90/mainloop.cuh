@@ -77,16 +77,16 @@ struct Producer {
         tma_load_4d(map_q, &smem.q_full[qs], smem.q[qs] + c * T::kQPanelBytes, 64 * c, q_row, t.head, batch_coord);
       q_pipe.advance();
     };
-    bool have = next_tile(round, p, tile);
+    bool have = next_tile<T::kTailSplit>(round, p, tile);
     if (have) load_q(tile);
     while (have) {
       SM90_TRACE(p, kTraceProducer, trace_count, 0);
-      const bool have_next = next_tile(round, p, next);
+      const bool have_next = next_tile<T::kTailSplit>(round, p, next);
       bool next_q_pending = have_next;
       const int32_t batch_coord = p.cu_seqlens_q ? 0 : tile.batch;
       const int32_t head_kv = tile.head / p.heads_per_kv_head;
       int32_t n_begin, n_end;
-      key_block_range<T::kBlockM, T::kBlockN>(tile, tile_mask<T>(tile, p), n_begin, n_end);
+      key_block_range<T::kBlockM, T::kBlockN, T::kTailSplit>(tile, tile_mask<T>(tile, p), p, n_begin, n_end);
 
       auto wait_stage = [&](uint64_t* empty, uint32_t parity) {
         if (T::kQStages == 2 && next_q_pending) {
@@ -394,7 +394,7 @@ struct Consumer {
     const bool signals = thread == 0;  // one arrival per warpgroup on the empty barriers
     const Mask mask = tile_mask<T>(tile, p);
     int32_t n_begin, n_end;
-    key_block_range<T::kBlockM, T::kBlockN>(tile, mask, n_begin, n_end);
+    key_block_range<T::kBlockM, T::kBlockN, T::kTailSplit>(tile, mask, p, n_begin, n_end);
 
     // The key range of this thread's two rows, and the keys every row of the tile sees (blocks
     // inside need no mask).
@@ -581,10 +581,10 @@ struct Consumer {
 
   // This CTA's next tile from round `round` on, planned (no waits); false when none is left.
   __device__ __forceinline__ static bool plan_next_tile(const FwdParams& p, int32_t& round, TileWork& w) {
-    if (!next_tile(round, p, w.tile)) return false;
+    if (!next_tile<T::kTailSplit>(round, p, w.tile)) return false;
     const Tile& tile = w.tile;
     const Mask mask = tile_mask<T>(tile, p);
-    key_block_range<T::kBlockM, kN>(tile, mask, w.n_begin, w.n_end);
+    key_block_range<T::kBlockM, kN, T::kTailSplit>(tile, mask, p, w.n_begin, w.n_end);
     plain_blocks(tile, mask, w);
     return true;
   }

@@ -120,6 +120,16 @@ struct FwdParams {
   // may hold fewer), heads.
   FastDivmod section_tiles_div, section_heads_div, last_section_heads_div, num_heads_div;
   int32_t snake_order;        // rounds of tiles alternate direction (scheduler.cuh)
+  // The last round's split (non-causal fixed-length problems, fwd_tail_plan in launch_template.cuh):
+  // the tiles from tail_begin on run as tail_pieces pieces of their key blocks; the scheduler hands
+  // out num_tasks = tail_begin + (num_tiles - tail_begin) * tail_pieces tasks (no split: tail_begin =
+  // num_tiles). A piece leaves its partial O, row max and row sum in the workspace; the warpgroup that
+  // finishes its rows last (a counter per slot and warpgroup) merges them and stores the tile.
+  int32_t num_tasks, tail_begin, tail_pieces;
+  FastDivmod tail_pieces_div;
+  float4* tail_o;   // [slot][piece][warpgroup][O float4 n][thread]: the accumulator registers as they are
+  float4* tail_ml;  // [slot][piece][warpgroup][thread]: (row_max[0], row_max[1], row_sum[0], row_sum[1])
+  int32_t* tail_done;  // [slot][warpgroup]: pieces finished (zeroed before the launch)
 #if FLASHATTN_SM90_TRACE
   long long* trace;
 #endif
@@ -127,6 +137,9 @@ struct FwdParams {
   int* watchdog;  // 1 + kWatchdogRecords * kWatchdogRecord ints, zeroed (primitives.cuh)
 #endif
 };
+
+// Pieces a split tile of the last round runs as, at most (merge_pieces, epilogue.cuh).
+constexpr int kMaxTailPieces = 8;
 
 // Tile configuration: block_m = 64 rows of q per consumer warpgroup, block_n keys per step,
 // stages of the k/v ring, two q buffers where they fit. Shared memory: q stages * q + stages *
@@ -204,6 +217,12 @@ struct Traits {
                                    : kSmemTiles + 64 * kSlabBytesPerCol <= kSmemLimit              ? 64
                                                                                                    : 0;
   static constexpr int kSlabBytes = kSlabCols * kSlabBytesPerCol;
+  // Split tiles in the last round (FwdParams::tail_begin, merge_pieces): the 3-warpgroup head_dim
+  // 128 kernel (past 2k keys), where the sweep leaves 56 tiles of 1376 for an eleventh round on 132
+  // SMs. Elsewhere the split's code is not compiled in: the head_dim 64 and 256 kernels spilled
+  // 100-160 bytes in their main loops with it, and the 2-warpgroup head_dim 128 kernel (8 bytes,
+  // once a tile) read 6-11% slower at 512-2k keys without splitting (docs/sm90.md, step 23).
+  static constexpr bool kTailSplit = kHeadDim == 128 && kConsumerWarpgroups == 3 && kSerial_;
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");

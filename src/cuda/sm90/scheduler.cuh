@@ -5,7 +5,8 @@
 // number of m_blocks is close to the grid size (1.8x the mean at seqlen 16k). The host turns it
 // on per problem (FwdParams::snake_order).
 //
-// A tile is (m_block, batch, head). Tiles are grouped in sections of heads_per_section
+// A tile is (m_block, batch, head); a task is a tile, or a piece of one of the last round's split
+// tiles (FwdParams::tail_begin: those run last, one round). Tiles are grouped in sections of heads_per_section
 // (batch, head) pairs whose k and v fit in L2 together; inside a section the m_block index is the
 // outer loop so that the CTAs running at once read the same few heads' k, v (the host cuts the
 // sections to about one round of tiles where that measured faster: launch_template.cuh). With
@@ -25,6 +26,9 @@ struct Tile {
   int32_t row0;
   int64_t q_start, k_start;  // first row of the sequence in the packed tensors (0 unless varlen)
   int32_t seqlen_q, seqlen_k;
+  // A piece of a split tile of the last round (FwdParams::tail_begin): its slot in the workspace
+  // and which of the tail_pieces key ranges it runs; slot -1: the whole tile.
+  int32_t slot, piece;
   bool valid;  // false: past the end of a shorter varlen sequence (nothing to do)
 };
 
@@ -40,7 +44,15 @@ __device__ __forceinline__ int32_t tile_of_round(int32_t r, const FwdParams& p) 
   return r * int32_t(gridDim.x) + c;
 }
 
+// kSplit: the kernel runs split tiles (Traits::kTailSplit); without, the code is as before the split.
+template <bool kSplit>
 __device__ __forceinline__ Tile decode_tile(int32_t t, const FwdParams& p) {
+  Tile tile;
+  tile.slot = -1, tile.piece = 0;
+  if (kSplit && t >= p.tail_begin) {  // task t: piece `piece` of split tile tail_begin + slot
+    tile.piece = p.tail_pieces_div.divmod(t - p.tail_begin, tile.slot);
+    t = p.tail_begin + tile.slot;
+  }
   const int32_t num_bh = p.batch * p.num_heads;
   const int32_t section = p.section_tiles_div.div(t);
   const int32_t first_bh = section * p.heads_per_section;
@@ -50,7 +62,6 @@ __device__ __forceinline__ Tile decode_tile(int32_t t, const FwdParams& p) {
   const int32_t m_index = section_bh.div(r);
   const int32_t bh = first_bh + r - m_index * int32_t(section_bh.divisor);
 
-  Tile tile;
   tile.m_block = p.causal ? p.num_m_blocks - 1 - m_index : m_index;
   tile.batch = p.num_heads_div.div(bh);
   tile.head = bh - tile.batch * p.num_heads;
@@ -72,11 +83,13 @@ __device__ __forceinline__ Tile decode_tile(int32_t t, const FwdParams& p) {
 
 // This CTA's next tile from round r on (tiles past a shorter varlen sequence's end are skipped);
 // false when none is left. r moves past the tile's round.
+template <bool kSplit>
 __device__ __forceinline__ bool next_tile(int32_t& r, const FwdParams& p, Tile& tile) {
-  for (; r * int32_t(gridDim.x) < p.num_tiles; ++r) {
+  const int32_t num_tasks = kSplit ? p.num_tasks : p.num_tiles;
+  for (; r * int32_t(gridDim.x) < num_tasks; ++r) {
     const int32_t t = tile_of_round(r, p);
-    if (t >= p.num_tiles) continue;
-    tile = decode_tile(t, p);
+    if (t >= num_tasks) continue;
+    tile = decode_tile<kSplit>(t, p);
     if (tile.valid) {
       ++r;
       return true;
@@ -96,9 +109,16 @@ __host__ __device__ __forceinline__ void key_block_range(int32_t row0, const Mas
   n_begin = int32_t(key_begin / kBlockN);
   n_end = key_end > key_begin ? int32_t((key_end + kBlockN - 1) / kBlockN) : n_begin;
 }
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ void key_block_range(const Tile& tile, const Mask& mask, int32_t& n_begin, int32_t& n_end) {
+// A piece of a split tile runs its share of them: piece j of P the blocks [I j / P, I (j + 1) / P) of I.
+template <int kBlockM, int kBlockN, bool kSplit>
+__device__ __forceinline__ void key_block_range(const Tile& tile, const Mask& mask, const FwdParams& p,
+                                                int32_t& n_begin, int32_t& n_end) {
   key_block_range<kBlockM, kBlockN>(tile.row0, mask, n_begin, n_end);
+  if (kSplit && tile.slot >= 0) {
+    const int32_t n = n_end - n_begin;  // (the host splits only when 64 n < 2^31)
+    n_end = n_begin + (tile.piece + 1) * n / p.tail_pieces;
+    n_begin += tile.piece * n / p.tail_pieces;
+  }
 }
 
 }  // namespace flashattn::cuda::sm90

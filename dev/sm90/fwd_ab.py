@@ -1,0 +1,45 @@
+"""Two or more builds of the library side by side on the Hopper forward (flashattn-sm90), bf16, one
+process: each shape timed by every build in turn, twice (the second round in reverse order), median of
+N calls (CUDA events, back to back). usage: python3 dev/sm90/fwd_ab.py NAME=LIB,NAME=LIB [SHAPES]
+SHAPES: ';'-separated "d,causal,seqlen[,heads[,batch]]"; default: the standard sweep at head_dim 128
+(16k tokens, 2048 / d heads). Prints TFLOP/s per build and the ratio of each to the first."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sm80bwd"))
+import fa_ctypes as fa  # noqa: E402
+import gpu_bench as gb  # noqa: E402
+from event_timing import median_ms  # noqa: E402
+
+libs = {}
+for spec in sys.argv[1].split(","):
+    name, _, path = spec.partition("=")
+    libs[name] = fa.load(path)
+if len(sys.argv) > 2:
+    shapes = [tuple(int(x) for x in s.split(",")) for s in sys.argv[2].split(";")]
+else:
+    shapes = [(128, c, s) for c in (0, 1) for s in (512, 1024, 2048, 4096, 8192, 16384)]
+N = int(os.environ.get("N", "20"))
+
+names = list(libs)
+print("d causal seqlen heads batch | " + " ".join(f"{n:>8}" for n in names) + " | " +
+      " ".join(f"{n}/{names[0]}" for n in names[1:]), flush=True)
+for shape in shapes:
+    d, causal, s = shape[:3]
+    heads = shape[3] if len(shape) > 3 else 2048 // d
+    b = shape[4] if len(shape) > 4 else max(1, 16384 // s)
+    q, k, v = (torch.randn((b, s, heads, d), device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ours = {n: gb.Ours(lib, "flashattn-sm90", q, k, v, bool(causal)) for n, lib in libs.items()}
+    times = {n: [] for n in names}
+    for order in (names, names[::-1]):
+        for n in order:
+            times[n].append(median_ms(ours[n].forward, n=N))
+    fl = gb.flops(b, heads, s, s, d, bool(causal), False)
+    tf = {n: fl / (sum(t) / len(t)) / 1e9 for n, t in times.items()}
+    print(f"{d:3d} {causal} {s:6d} {heads:4d} {b:4d} | " + " ".join(f"{tf[n]:8.1f}" for n in names) + " | " +
+          " ".join(f"{tf[n] / tf[names[0]]:.3f}" for n in names[1:]), flush=True)
+    del q, k, v, ours
+    torch.cuda.empty_cache()
