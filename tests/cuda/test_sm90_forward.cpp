@@ -7,6 +7,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
+#include <vector>
+
 #include "cuda/cuda_backend.hpp"
 #include "cuda/kernels.hpp"
 #include "support/harness.hpp"
@@ -122,10 +125,10 @@ INSTANTIATE_TEST_SUITE_P(Standard, Sm90Forward, testing::ValuesIn(sm90_forward_c
 
 // The last round's split (fwd_tail_plan, launch_template.cuh): where tiles % SMs leaves a short last
 // round and every tile visits every key block, the last tiles run as pieces over parts of the keys
-// whose partial O, row max and row sum merge in the workspace. Shapes sized from this GPU's SM count
-// so that they split: one tile a head over all SMs + 1 or + 3 (1 or 3 split tiles, 8 pieces each), and
-// fewer tiles than SMs (all of them split); both head_dim 128 kernels (up to 2k keys: 128-row tiles,
-// 2 consumer warpgroups; past 2k: 192-row tiles, 3), a partial last key block, GQA, MQA, softcap.
+// whose partial O, row max and row sum merge in the workspace. The kernel that splits: head_dim 128
+// past 2k keys (192-row tiles, 3 consumer warpgroups). Shapes sized from this GPU's SM count so that
+// they split: one tile a head over all SMs + 1 or + 3 (1 or 3 split tiles, 8 pieces each), and fewer
+// tiles than SMs (all of them split, partial m-blocks); a partial last key block, GQA, MQA, softcap.
 TEST(Sm90Forward, LastRoundSplitMatchesReference) {
   if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
   int dev = 0, sms = 0;
@@ -133,14 +136,14 @@ TEST(Sm90Forward, LastRoundSplitMatchesReference) {
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
   std::vector<Case> cases;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
-    Case c = fa_test::make_case(dt, 1, 100, 1500, sms + 1, sms + 1, 128);
+    Case c = fa_test::make_case(dt, 1, 100, 2500, sms + 1, sms + 1, 128);  // 20 key blocks
     cases.push_back(c);
     c = fa_test::make_case(dt, 1, 150, 2900, sms + 3, 1, 128);  // MQA, 23 key blocks
     c.softcap = 25.f;
     cases.push_back(c);
-    c = fa_test::make_case(dt, 2, 300, 1000, 4, 2, 128);  // 24 tiles (a partial m-block each head): all split
+    c = fa_test::make_case(dt, 2, 300, 2100, 4, 2, 128);  // 16 tiles (a partial m-block each head)
     cases.push_back(c);
-    c = fa_test::make_case(dt, 3, 500, 4100, 3, 3, 128);  // 27 tiles of 192 rows, 33 key blocks
+    c = fa_test::make_case(dt, 3, 500, 4100, 3, 3, 128);  // 27 tiles, 33 key blocks
     c.softmax_scale = 0.6f;  // maxima that differ from piece to piece
     cases.push_back(c);
   }
@@ -155,6 +158,47 @@ TEST(Sm90Forward, LastRoundSplitMatchesReference) {
     p.num_splits = 1;  // key splits off: whole tiles, no workspace
     EXPECT_EQ(flashattn::cuda::sm90_forward_workspace(p), 0u) << c.name();
   }
+}
+
+// The split tiles' pieces merge in piece order whichever finishes last: two calls give the same bits.
+TEST(Sm90Forward, LastRoundSplitIsDeterministic) {
+  if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  fa_params p;
+  fa_params_init(&p);
+  p.dtype = FA_BFLOAT16, p.head_dim = 128, p.batch = 1, p.seqlen_q = 150, p.seqlen_k = 3000;
+  p.num_heads = p.num_heads_kv = sms + 2;
+  fa_params_set_contiguous_strides(&p);
+  const size_t elems = size_t(p.seqlen_k) * p.num_heads * p.head_dim, rows = size_t(p.seqlen_q) * p.num_heads;
+  std::vector<uint16_t> host(elems);
+  uint32_t x = 12345;
+  for (uint16_t& h : host) {  // bf16 in [-2, 2): sign, exponent 126-127, random mantissa
+    x = x * 1664525u + 1013904223u;
+    h = uint16_t(((x >> 16) & 0x80ff) | 0x3f00);
+  }
+  void *q, *k, *v, *o, *ws;
+  float* lse;
+  for (void** ptr : {&q, &k, &v, &o}) ASSERT_EQ(cudaMalloc(ptr, elems * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&lse, rows * 4), cudaSuccess);
+  for (void* ptr : {q, k, v}) ASSERT_EQ(cudaMemcpy(ptr, host.data(), elems * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  p.q = q, p.k = k, p.v = v, p.o = o, p.lse = lse;
+  size_t ws_bytes = 0;
+  ASSERT_EQ(fa_workspace_size(&p, FA_IMPL_CUDA_SM90, 0, &ws_bytes), FA_OK) << fa_last_error();
+  ASSERT_GT(ws_bytes, 0u);
+  ASSERT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
+  p.workspace = ws, p.workspace_bytes = ws_bytes;
+  std::vector<uint16_t> o_first(rows * p.head_dim), o_again(o_first.size());
+  std::vector<float> lse_first(rows), lse_again(rows);
+  for (int call = 0; call < 2; ++call) {
+    ASSERT_EQ(fa_forward(&p, FA_IMPL_CUDA_SM90), FA_OK) << fa_last_error();
+    ASSERT_EQ(cudaMemcpy((call ? o_again : o_first).data(), o, o_first.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy((call ? lse_again : lse_first).data(), lse, rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  EXPECT_TRUE(o_first == o_again);
+  EXPECT_EQ(std::memcmp(lse_first.data(), lse_again.data(), rows * 4), 0);
+  for (void* ptr : {q, k, v, o, static_cast<void*>(lse), ws}) cudaFree(ptr);
 }
 
 // The dispatcher on an sm_90 GPU takes the Hopper forward, except for decode (a few query rows over
