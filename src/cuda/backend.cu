@@ -37,11 +37,11 @@ fa_impl best_impl(const fa_params& p, bool backward) {
   if (backward) return sm90_backward_supports(p) ? FA_IMPL_CUDA_SM90 : FA_IMPL_CUDA_SM80;
   if (!sm90_supports(p)) return FA_IMPL_CUDA_SM80;
   // Decode (a few query rows over a long cache) runs the sm80 forward's decode config: 64-row tiles
-  // (the Hopper ones have 128 or more) and split-KV (the Hopper forward has none, so its grid is
-  // batch x heads tiles). 16 heads, head_dim 128, 4k-64k keys: 1.1-2.7 TB/s of K and V against
-  // 0.44-0.53 at batch 1, 2-4% more at batch 16 (bench/results/h100-decode.json). Elsewhere the sm80
-  // forward only where it splits the keys and the Hopper tiles leave SMs idle, or the caller asks
-  // for splits.
+  // (the Hopper ones have 128 or more) and split-KV in one wave. 16 heads, head_dim 128, 4k-64k keys,
+  // batch 1: 1.1-2.7 TB/s of K and V against 0.9-2.6 for the Hopper kernel, whose only key split is
+  // the last round's (8 pieces a tile at most; 0.44-0.53 before it), 1-6% more at batch 4 and 16
+  // (bench/results/h100.json). Elsewhere the sm80 forward only where it splits the keys and the
+  // Hopper tiles leave SMs idle, or the caller asks for splits.
   if (sm80_forward_decode(p)) return FA_IMPL_CUDA_SM80;
   const bool split = sm80_forward_splits(p) > 1;
   if (split && (p.num_splits > 1 || !sm90_forward_fills_gpu(p))) return FA_IMPL_CUDA_SM80;

@@ -151,7 +151,7 @@ constexpr int kEpilogueBarrier = 3;
 //   M = max_j m_j,   O = sum_j 2^(m_j - M) O_j,   l = sum_j 2^(m_j - M) l_j.
 // Returns true there, with the merged state in o, row_max, row_sum to store as a whole tile's; false
 // in the other pieces' warpgroups. (The loops over pieces unrolled to kMaxTailPieces: as loops they
-// made ptxas spill 100-220 bytes in the main loop of the 3-warpgroup and head_dim 256 kernels.)
+// made ptxas spill 220 bytes in the main loop of the 3-warpgroup head_dim 128 kernel.)
 template <class T>
 __device__ __forceinline__ bool merge_pieces(float (&o)[T::kHeadDim / 2], float (&row_max)[2], float (&row_sum)[2],
                                              const FwdParams& p, const Tile& tile, int consumer_wg) {

@@ -221,7 +221,7 @@ struct Traits {
   // 128 kernel (past 2k keys), where the sweep leaves 56 tiles of 1376 for an eleventh round on 132
   // SMs. Elsewhere the split's code is not compiled in: the head_dim 64 and 256 kernels spilled
   // 100-160 bytes in their main loops with it, and the 2-warpgroup head_dim 128 kernel (8 bytes,
-  // once a tile) read 6-11% slower at 512-2k keys without splitting (docs/sm90.md, step 23).
+  // once a tile) read 6-11% slower at 512-2k keys without splitting (docs/sm90.md, step 24).
   static constexpr bool kTailSplit = kHeadDim == 128 && kConsumerWarpgroups == 3 && kSerial_;
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
