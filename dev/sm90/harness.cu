@@ -150,7 +150,7 @@ static bool run_case(const Case& c, std::mt19937& rng) {
   p.window_left = c.window_left;
   p.window_right = c.window_right;
   p.softcap = c.softcap;
-  p.num_splits = 1;
+  p.num_splits = 1;  // whole tiles (the split has its own tests: Sm90Forward.LastRoundSplit*)
 
   bool ok = flashattn::cuda::sm90_supports(p);
   if (!ok) {
@@ -453,6 +453,12 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
         p.dtype = FA_BFLOAT16;
         p.causal = causal;
         p.window_left = p.window_right = -1;
+        // The workspace the library asks for (the last round's split, launch_template.cuh), as
+        // dev/sm90/fwd_ab.py and the library's benchmark pass it; BENCH_NO_SPLIT=1: whole tiles.
+        void* ws = nullptr;
+        p.workspace_bytes = std::getenv("BENCH_NO_SPLIT") ? 0 : flashattn::cuda::sm90_forward_workspace(p);
+        if (p.workspace_bytes) CHECK_CUDA(cudaMalloc(&ws, p.workspace_bytes));
+        p.workspace = ws;
         // ~200 ms of calls first: the clocks settle at their loaded level whatever ran before
         // (after an idle moment the first shapes would run at boost clocks, 5-15% faster).
         {
@@ -501,6 +507,7 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
         const double flops = 4.0 * batch * H * double(seqlen) * seqlen * d / (causal ? 2 : 1);
         std::printf("%-10s %5d %6d %4d %3d %7d %10.4f %8.1f\n", label, d, seqlen, batch, causal, H, med,
                     flops / med / 1e9);
+        if (ws) cudaFree(ws);
       }
     }
   }
