@@ -49,4 +49,20 @@ TEST(LastRoundSplit, ShortTilesAndEdgesStayWhole) {
   EXPECT_EQ(last_round_split(10, 10, 0, 8).split, 0);  // SM count unknown
 }
 
+TEST(LastRoundSplit, PiecesCoverTheIterationsInOrder) {
+  for (int iters : {1, 2, 7, 33, 128})
+    for (int pieces = 1; pieces <= std::min(iters, 8); ++pieces) {
+      int next = 0;
+      for (int j = 0; j < pieces; ++j) {
+        int begin = -1, end = -1;
+        flashattn::piece_range(j, pieces, iters, begin, end);
+        EXPECT_EQ(begin, next) << iters << " / " << pieces << ", piece " << j;
+        EXPECT_GE(end - begin, iters / pieces);  // none empty, none more than one over the share
+        EXPECT_LE(end - begin, (iters + pieces - 1) / pieces);
+        next = end;
+      }
+      EXPECT_EQ(next, iters) << iters << " / " << pieces;
+    }
+}
+
 }  // namespace

@@ -9,7 +9,24 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/layout.hpp"
+#include "common/mask.hpp"  // FA_HOST_DEVICE
+#include "flashattn/flashattn.h"
+
 namespace flashattn {
+
+// Whether every task of p has the same iterations: fixed length (not varlen) and no mask (every query
+// row sees every key). Only then is the last round's work one task's times the tasks left.
+inline bool equal_tasks(const fa_params& p) {
+  return !is_varlen(p) && !p.causal && p.window_left < 0 && p.window_right < 0;
+}
+
+// Piece `piece` of `pieces` of a task's `iters` iterations: [begin, end) = [I j / P, I (j + 1) / P)
+// (iters * pieces < 2^31).
+FA_HOST_DEVICE void piece_range(int32_t piece, int32_t pieces, int32_t iters, int32_t& begin, int32_t& end) {
+  begin = piece * iters / pieces;
+  end = (piece + 1) * iters / pieces;
+}
 
 struct LastRoundSplit {
   int32_t split = 0;   // R: the last R tasks are split (0: none)

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "common/last_round_split.hpp"
 #include "common/mask.hpp"
 #include "common/status.hpp"
 #include "cuda/common.cuh"
@@ -137,8 +138,9 @@ struct BwdTask {
   __device__ __forceinline__ void iterations(int task_iters, int& it_begin, int& num_iters) const {
     it_begin = 0, num_iters = task_iters;
     if (slot >= 0) {
-      it_begin = piece * task_iters / pieces;
-      num_iters = (piece + 1) * task_iters / pieces - it_begin;
+      int it_end;
+      piece_range(piece, pieces, task_iters, it_begin, it_end);
+      num_iters = it_end - it_begin;
     }
   }
 };

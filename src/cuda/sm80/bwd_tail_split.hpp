@@ -9,8 +9,6 @@
 #include <cstdint>
 
 #include "common/last_round_split.hpp"
-#include "common/layout.hpp"
-#include "flashattn/flashattn.h"
 
 namespace flashattn::sm80 {
 
@@ -25,10 +23,9 @@ inline TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool s
   TailSplit t;
   const int64_t tasks = int64_t((p.seqlen_k + block_n - 1) / block_n) * p.num_heads_kv * p.batch;
   t.tasks = int32_t(std::min<int64_t>(tasks, INT32_MAX));
-  const bool uniform = !is_varlen(p) && !p.causal && p.window_left < 0 && p.window_right < 0;
   const int64_t iters = int64_t(p.num_heads / p.num_heads_kv) * ((p.seqlen_q + block_m - 1) / block_m);
   // (The kernels compute a piece's range in 32 bits: 64 * iters < 2^31.)
-  if (!splittable || p.deterministic || !uniform || num_sms <= 0 || tasks > INT32_MAX / 64 || iters > INT32_MAX / 64)
+  if (!splittable || p.deterministic || !equal_tasks(p) || num_sms <= 0 || tasks > INT32_MAX / 64 || iters > INT32_MAX / 64)
     return t;
   const LastRoundSplit s = last_round_split(tasks, iters, num_sms, 64);
   t.split = s.split, t.pieces = s.pieces;

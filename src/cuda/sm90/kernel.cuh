@@ -65,20 +65,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         SM90_TRACE(p, consumer_wg, consumer.trace_count, 8);
         consumer.run_tile(smem, p, tile, consumer_wg, pipe, q_pipe, deferred_q_release);
         deferred_q_release = -1;
+        // A piece of a split tile stores only if its warpgroup is the last of the tile's pieces.
         bool store = true;
         if constexpr (T::kTailSplit)
           store = tile.slot < 0 || merge_pieces<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
-        if (!store) {
-          // Another piece's warpgroup stores these rows; the staged epilogue would have freed q.
-          if (T::kStagedEpilogue && threadIdx.x % 128 == 0) mbar_arrive(&smem.q_empty[qs]);
-        } else if constexpr (T::kStagedEpilogue) {
-          if (store_tile_staged<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg,
-                                   smem.q[qs], &smem.q_empty[qs], consumer.trace_count))
-            deferred_q_release = qs;
-        } else if constexpr (T::kSlabCols > 0) {
-          store_tile_slab<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg, smem.slab);
-        } else {
-          store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
+        if (store) {
+          if constexpr (T::kStagedEpilogue) {
+            if (store_tile_staged<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg,
+                                     smem.q[qs], &smem.q_empty[qs], consumer.trace_count))
+              deferred_q_release = qs;
+          } else if constexpr (T::kSlabCols > 0) {
+            store_tile_slab<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg, smem.slab);
+          } else {
+            store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
+          }
         }
         SM90_TRACE(p, consumer_wg, consumer.trace_count, 7);
         ++consumer.trace_count;

@@ -57,8 +57,7 @@ struct FwdTailPlan {
 template <class T>
 FwdTailPlan fwd_tail_plan(const fa_params& p, int num_sms) {
   FwdTailPlan t;
-  const bool uniform = !is_varlen(p) && !p.causal && p.window_left < 0 && p.window_right < 0;
-  if (!T::kTailSplit || !uniform || p.num_splits == 1 || p.seqlen_q <= 0 || p.seqlen_k <= 0 || num_sms <= 0) return t;
+  if (!T::kTailSplit || !equal_tasks(p) || p.num_splits == 1 || p.seqlen_q <= 0 || p.seqlen_k <= 0 || num_sms <= 0) return t;
   const int64_t tiles = int64_t(p.batch) * p.num_heads * ((int64_t(p.seqlen_q) + T::kBlockM - 1) / T::kBlockM);
   const int64_t iters = (int64_t(p.seqlen_k) + T::kBlockN - 1) / T::kBlockN;
   // (The kernel computes a piece's range in 32 bits: 64 * iters < 2^31.)

@@ -223,6 +223,8 @@ struct Traits {
   // 100-160 bytes in their main loops with it, and the 2-warpgroup head_dim 128 kernel (8 bytes,
   // once a tile) read 6-11% slower at 512-2k keys without splitting (docs/sm90.md, step 24).
   static constexpr bool kTailSplit = kHeadDim == 128 && kConsumerWarpgroups == 3 && kSerial_;
+  // A piece that does not store would have to free the staged epilogue's q buffer itself.
+  static_assert(!kTailSplit || !kStagedEpilogue, "split tiles store from registers or slabs");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");
