@@ -754,4 +754,156 @@ struct Consumer {
   }
 };
 
+
+// Two 64-row halves per consumer warpgroup (Traits::kHalves == 2: 256-row tiles with two
+// warpgroups), so each k, v stage feeds four 64-row GEMMs before it is freed: k and v come from L2
+// once per 256 rows of q instead of once per 128. The halves a and b take turns on the tensor
+// cores; the warpgroup runs one half's softmax while they compute the other half's GEMMs:
+//   issue S_a(n), O_a += P_a(n+1) v(n+1) | softmax_b(n+1), rescale O_b, P_b | wait
+//   issue S_b(n), O_b += P_b(n+1) v(n+1) | softmax_a(n),   rescale O_a, P_a | wait, free k(n), v(n+1)
+// Live a thread at the issue of b's GEMMs: O 2 x 64, S_a and S_b 2 x kN / 2, P_b kN / 4 (block_n 64:
+// 208 floats).
+template <class T>
+struct ConsumerPair {
+  using C = Consumer<T>;
+  static constexpr int kN = T::kBlockN;
+  static_assert(T::kHalves == 2 && !T::kQInRegisters, "two halves, q read from shared memory");
+
+  C half[2];
+  int trace_count = 0;  // FLASHATTN_SM90_TRACE: tiles so far
+
+  // The softmax of half h's block n (its S in s) into P (pa), after which O is rescaled: the caller
+  // has waited for the O += P v issued before. The wait for the other half's GEMMs follows; the
+  // spin on v_full of block n (done, or needed next anyway) keeps ptxas from hoisting that wait
+  // over the softmax (see Consumer::wait_pv_after_softmax).
+  __device__ __forceinline__ void softmax_then_wait(float (&s)[kN / 2], uint32_t (&pa)[kN / 16][4], int h,
+                                                    const FwdParams& p, const TileWork& w, int32_t n, int rows,
+                                                    uint64_t* v_full_n, uint32_t v_phase_n) {
+    float corr[2];
+    C::mask_block(s, p, w, n, rows);
+    half[h].online_softmax(s, p.score_scale_log2, corr);
+    half[h].rescale_o(corr);
+    C::to_a_operand(s, pa);
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);
+    fence_registers(half[h].o);
+    mbar_wait(v_full_n, v_phase_n);
+    wgmma_wait<0>();
+  }
+
+  // After the wait for half h's GEMMs: its S and O written, its P read by the tensor cores until here.
+  __device__ __forceinline__ void fence_in_flight(float (&s)[kN / 2], int h, uint32_t (&pa)[kN / 16][4]) {
+    fence_registers(s);
+    fence_registers(half[h].o);
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);
+  }
+
+  // Runs the key blocks of one tile for both halves; leaves each half's O unnormalized, its row
+  // max and full row sums. deferred_q_release as Consumer::run_tile.
+  __device__ __forceinline__ void run_tile(SharedStorage<T>& smem, const FwdParams& p, const Tile& tile,
+                                           int consumer_wg, PipelineState<T::kStages>& pipe,
+                                           PipelineState<T::kQStages>& q_pipe, int deferred_q_release) {
+    const bool signals = threadIdx.x % 128 == 0;  // one arrival per warpgroup on the empty barriers
+    const Mask mask = tile_mask<T>(tile, p);
+    TileWork w{tile, 0, 0, 0, 0};
+    key_block_range<T::kBlockM, kN, false>(tile, mask, p, w.n_begin, w.n_end);
+    C::plain_blocks(tile, mask, w);
+    const int rows_a = 2 * consumer_wg, rows_b = rows_a + 1;  // 64-row groups of the tile
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < T::kHeadDim / 2; ++i) half[h].o[i] = 0.f;
+      half[h].row_max[0] = half[h].row_max[1] = -INFINITY;
+      half[h].row_sum[0] = half[h].row_sum[1] = 0.f;
+    }
+
+    const int qs = q_pipe.index;
+    SM90_TRACE(p, consumer_wg, trace_count, 0);
+    mbar_wait(&smem.q_full[qs], q_pipe.phase);
+    SM90_TRACE(p, consumer_wg, trace_count, 1);
+    q_pipe.advance();
+    const bool release_q = signals && !T::kStagedEpilogue;
+    if (w.n_end <= w.n_begin) {  // no visible key in the whole tile (see Consumer::run_tile)
+      if (deferred_q_release >= 0) release_staged_q(&smem.q_empty[deferred_q_release]);
+      if (!T::kStagedEpilogue) {
+        named_barrier_sync(kEpilogueBarrier + rows_a, 128);
+        if (release_q) mbar_arrive(&smem.q_empty[qs]);
+      }
+      return;
+    }
+    const uint8_t* q_a = smem.q[qs] + rows_a * 64 * 128;
+    const uint8_t* q_b = smem.q[qs] + rows_b * 64 * 128;
+    float s_a[kN / 2], s_b[kN / 2];
+    uint32_t p_a[kN / 16][4], p_b[kN / 16][4];
+
+    // Block n_end - 1: both halves' S; a's softmax while b's runs.
+    int32_t n = w.n_end - 1;
+    mbar_wait(&smem.k_full[pipe.index], pipe.phase);
+    SM90_TRACE(p, consumer_wg, trace_count, 2);
+    wgmma_fence();
+    C::issue_qk(s_a, q_a, smem.k[pipe.index]);
+    C::issue_qk(s_b, q_b, smem.k[pipe.index]);
+    if (deferred_q_release >= 0) release_staged_q(&smem.q_empty[deferred_q_release]);
+    wgmma_wait<1>();
+    fence_registers(s_a);
+    softmax_then_wait(s_a, p_a, 0, p, w, n, rows_a, &smem.v_full[pipe.index], pipe.phase);
+    fence_registers(s_b);
+    SM90_TRACE(p, consumer_wg, trace_count, 3);
+    if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
+    if (release_q && n == w.n_begin) mbar_arrive(&smem.q_empty[qs]);
+    int prev_stage = pipe.index;
+    uint32_t prev_phase = pipe.phase;
+    pipe.advance();
+
+    // At the top: p_a holds P_a(n + 1) (O_a rescaled for it), s_b holds S_b(n + 1), not yet
+    // softmaxed; k, v of block n + 1 in stage prev_stage.
+    for (n = w.n_end - 2; n >= w.n_begin; --n) {
+      SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
+      mbar_wait(&smem.k_full[pipe.index], pipe.phase);
+      mbar_wait(&smem.v_full[prev_stage], prev_phase);
+      wgmma_fence();
+      C::issue_qk(s_a, q_a, smem.k[pipe.index]);
+      half[0].issue_pv(p_a, smem.v[prev_stage]);
+      softmax_then_wait(s_b, p_b, 1, p, w, n + 1, rows_b, &smem.v_full[pipe.index], pipe.phase);
+      fence_in_flight(s_a, 0, p_a);
+      wgmma_fence();
+      C::issue_qk(s_b, q_b, smem.k[pipe.index]);
+      half[1].issue_pv(p_b, smem.v[prev_stage]);
+      softmax_then_wait(s_a, p_a, 0, p, w, n, rows_a, &smem.v_full[pipe.index], pipe.phase);
+      fence_in_flight(s_b, 1, p_b);
+      if (signals) {
+        mbar_arrive(&smem.k_empty[pipe.index]);
+        mbar_arrive(&smem.v_empty[prev_stage]);
+      }
+      if (release_q && n == w.n_begin) mbar_arrive(&smem.q_empty[qs]);
+      prev_stage = pipe.index;
+      prev_phase = pipe.phase;
+      pipe.advance();
+    }
+
+    // The last block's O += P v of both halves, b's softmax between the two issues.
+    SM90_TRACE(p, consumer_wg, trace_count, 5);
+    mbar_wait(&smem.v_full[prev_stage], prev_phase);
+    wgmma_fence();
+    half[0].issue_pv(p_a, smem.v[prev_stage]);
+    softmax_then_wait(s_b, p_b, 1, p, w, w.n_begin, rows_b, &smem.v_full[prev_stage], prev_phase);
+    fence_in_flight(s_a, 0, p_a);
+    wgmma_fence();
+    half[1].issue_pv(p_b, smem.v[prev_stage]);
+    wgmma_wait<0>();
+    fence_in_flight(s_b, 1, p_b);
+    if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
+    SM90_TRACE(p, consumer_wg, trace_count, 6);
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        half[h].row_sum[i] += __shfl_xor_sync(0xffffffffu, half[h].row_sum[i], 1);
+        half[h].row_sum[i] += __shfl_xor_sync(0xffffffffu, half[h].row_sum[i], 2);
+      }
+  }
+};
+
 }  // namespace flashattn::cuda::sm90
