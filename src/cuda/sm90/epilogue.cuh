@@ -210,13 +210,13 @@ __device__ __forceinline__ bool merge_pieces(float (&o)[T::kHeadDim / 2], float 
 //     and not written), issued by the warpgroup's first thread; returns true: the buffer is still
 //     being read, and that thread releases it (release_staged_q) once the store has read it;
 //   varlen (a tile may overhang the next sequence's rows), or rows before the first: rows of
-//     16-byte chunks, rows outside the sequence predicated off, then one arrival on `q_empty`
-//     (unless !arrive_q_empty: a warpgroup's first half of two, Traits::kHalves); returns false.
+//     16-byte chunks, rows outside the sequence predicated off, then one arrival on `q_empty`;
+//     returns false.
 template <class T>
 __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
                                                   const float (&row_sum)[2], const FwdParams& p,
                                                   const CUtensorMap* map_o, const Tile& tile, int consumer_wg,
-                                                  uint8_t* q_tile, uint64_t* q_empty, bool arrive_q_empty,
+                                                  uint8_t* q_tile, uint64_t* q_empty,
                                                   [[maybe_unused]] int trace_count = 0) {
   constexpr int kChunks = T::kHeadDim / 8;  // 16-byte chunks of a row
   const int thread = threadIdx.x % 128, lane = threadIdx.x % 32, warp = thread / 32;
@@ -257,7 +257,7 @@ __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim /
     fence_proxy_async_shared();  // the reads above before the TMA write that refills the buffer
     named_barrier_sync(kEpilogueBarrier + consumer_wg, 128);
     SM90_TRACE(p, consumer_wg, trace_count, 12);
-    if (thread == 0 && arrive_q_empty) mbar_arrive(q_empty);
+    if (thread == 0) mbar_arrive(q_empty);
   }
   store_lse<T>(row_max, row_sum, p, tile, row_wg + 16 * warp + lane / 4);
   return tma;

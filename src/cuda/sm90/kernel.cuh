@@ -6,8 +6,6 @@
 
 #include <cuda.h>
 
-#include <type_traits>
-
 #include "cuda/sm90/mainloop.cuh"
 
 namespace flashattn::cuda::sm90 {
@@ -53,12 +51,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // Warpgroup 0 issues first: its turn is given once here; the last turn handed back to it is
     // taken after the loop, so the barrier ends balanced.
     if (consumer_wg == 1) pingpong_pass<T>(consumer_wg);
+    Consumer<T> consumer;
     if constexpr (T::kTileOverlap) {
-      Consumer<T> consumer;
       consumer.run(smem, p, consumer_wg);
     } else {
-      // One 64-row state per warpgroup, or two (Traits::kHalves).
-      std::conditional_t<T::kHalves == 2, ConsumerPair<T>, Consumer<T>> consumer;
       PipelineState<T::kStages> pipe;
       PipelineState<T::kQStages> q_pipe;
       int32_t round = 0;
@@ -69,30 +65,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         SM90_TRACE(p, consumer_wg, consumer.trace_count, 8);
         consumer.run_tile(smem, p, tile, consumer_wg, pipe, q_pipe, deferred_q_release);
         deferred_q_release = -1;
-#pragma unroll
-        for (int h = 0; h < T::kHalves; ++h) {
-          Consumer<T>* c;
-          if constexpr (T::kHalves == 2) {
-            c = &consumer.half[h];
+        // A piece of a split tile stores only if its warpgroup is the last of the tile's pieces.
+        bool store = true;
+        if constexpr (T::kTailSplit)
+          store = tile.slot < 0 || merge_pieces<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
+        if (store) {
+          if constexpr (T::kStagedEpilogue) {
+            if (store_tile_staged<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg,
+                                     smem.q[qs], &smem.q_empty[qs], consumer.trace_count))
+              deferred_q_release = qs;
+          } else if constexpr (T::kSlabCols > 0) {
+            store_tile_slab<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg, smem.slab);
           } else {
-            c = &consumer;
-          }
-          const int rows = consumer_wg * T::kHalves + h;  // the tile's 64-row group
-          // A piece of a split tile stores only if its warpgroup is the last of the tile's pieces.
-          bool store = true;
-          if constexpr (T::kTailSplit)
-            store = tile.slot < 0 || merge_pieces<T>(c->o, c->row_max, c->row_sum, p, tile, consumer_wg);
-          if (store) {
-            if constexpr (T::kStagedEpilogue) {
-              // The q buffer is released once, after the warpgroup's last half.
-              if (store_tile_staged<T>(c->o, c->row_max, c->row_sum, p, &map_o, tile, rows, smem.q[qs],
-                                       &smem.q_empty[qs], h == T::kHalves - 1, consumer.trace_count))
-                deferred_q_release = qs;
-            } else if constexpr (T::kSlabCols > 0) {
-              store_tile_slab<T>(c->o, c->row_max, c->row_sum, p, &map_o, tile, rows, smem.slab);
-            } else {
-              store_tile<T>(c->o, c->row_max, c->row_sum, p, tile, rows);
-            }
+            store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
           }
         }
         SM90_TRACE(p, consumer_wg, consumer.trace_count, 7);

@@ -229,10 +229,8 @@ auto with_fwd_config(const fa_params& p, F&& f) {
   constexpr int kConsumers = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_CONSUMERS
                              : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_CONSUMERS
                                                : 2;
-  constexpr int kHalves = kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_HALVES : 1;
   return f(TraitsTag<Traits<kHeadDim, kBf16, kBlockN, bool(FLASHATTN_SM90_RESCALE_EARLY),
-                            bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers, FLASHATTN_SM90_SERIAL && kConsumers == 3,
-                            kHalves>>{});
+                            bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers, FLASHATTN_SM90_SERIAL && kConsumers == 3>>{});
 #else
   if constexpr (kHeadDim == 64) {
     if (p.seqlen_q <= 128 || (p.causal && p.seqlen_q <= 1024)) return f(TraitsTag<Traits<64, kBf16, 128, true>>{});

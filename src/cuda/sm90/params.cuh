@@ -54,11 +54,6 @@ constexpr int kTraceProducer = 3;
 #define FLASHATTN_SM90_TMA_STORE 1
 #endif
 
-// Dev switch: k / v stages of the 256-row tiles (Traits::kHalves).
-#ifndef FLASHATTN_SM90_HALVES_STAGES
-#define FLASHATTN_SM90_HALVES_STAGES 3
-#endif
-
 // Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
 // choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
 // (128 or 192), 128 (128 or 176) and 256 (64 or 80), where the O rescale runs
@@ -68,12 +63,8 @@ constexpr int kTraceProducer = 3;
 #if defined(FLASHATTN_SM90_HDIM64_BLOCK_N) || defined(FLASHATTN_SM90_HDIM128_BLOCK_N) || \
     defined(FLASHATTN_SM90_HDIM256_BLOCK_N) || defined(FLASHATTN_SM90_RESCALE_EARLY) ||     \
     defined(FLASHATTN_SM90_TILE_OVERLAP) || defined(FLASHATTN_SM90_HDIM64_CONSUMERS) ||      \
-    defined(FLASHATTN_SM90_HDIM128_CONSUMERS) || defined(FLASHATTN_SM90_SERIAL) ||           \
-    defined(FLASHATTN_SM90_HDIM128_HALVES)
+    defined(FLASHATTN_SM90_HDIM128_CONSUMERS) || defined(FLASHATTN_SM90_SERIAL)
 #define FLASHATTN_SM90_DEV_CONFIG 1
-#ifndef FLASHATTN_SM90_HDIM128_HALVES
-#define FLASHATTN_SM90_HDIM128_HALVES 1
-#endif
 #ifndef FLASHATTN_SM90_HDIM64_CONSUMERS
 #define FLASHATTN_SM90_HDIM64_CONSUMERS 2
 #endif
@@ -172,23 +163,16 @@ constexpr int kMaxTailPieces = 8;
 // With 3, ptxas allocates 128 registers a thread, not the 160 of setmaxnreg: it allocates for the
 // launch bound (512 threads; 4 warps share each sub-partition's 16K registers).
 // kSerial: with 3 consumer warpgroups, each runs S = q k^T, the softmax and O += P v in turn.
-// kHalves: 64-row halves of q per consumer warpgroup. 2: block_m 256 with 2 warpgroups, each k, v
-// stage feeds four 64-row GEMMs (k and v read from L2 once per 256 rows); a warpgroup runs one
-// half's softmax while the tensor cores run the other half's GEMMs (ConsumerPair, mainloop.cuh).
 template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_, bool kTileOverlap_ = false,
-          int kConsumers_ = 2, bool kSerial_ = false, int kHalves_ = 1>
+          int kConsumers_ = 2, bool kSerial_ = false>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kConsumerWarpgroups = kConsumers_;
-  static constexpr int kHalves = kHalves_;
-  static constexpr int kBlockM = 64 * kConsumerWarpgroups * kHalves;
+  static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = kBlockN_;
   static constexpr bool kRescaleEarly = kRescaleEarly_;
-  static_assert(kHalves == 1 || (kHalves == 2 && kConsumerWarpgroups == 2 && !kRescaleEarly_ && !kTileOverlap_),
-                "halves: 2 consumer warpgroups, tile by tile, each half rescaled after its softmax");
-  // 256-row tiles (small key blocks): three or four stages fit beside two q buffers.
-  static constexpr int kStages = kHalves == 2 ? FLASHATTN_SM90_HALVES_STAGES : kHeadDim == 64 ? 3 : 2;
+  static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   static constexpr bool kPingPong = FLASHATTN_SM90_PINGPONG && kConsumerWarpgroups == 2;
   // Each consumer warpgroup runs its GEMMs one at a time (no overlap inside the warpgroup; the
@@ -222,7 +206,7 @@ struct Traits {
   // only k from shared memory. Room for it: head_dim 128 with block_n 128 (O 64 + S 64 + P 32 +
   // q 32 floats a thread).
   static constexpr bool kQInRegisters =
-      FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && kBlockN == 128 && kConsumerWarpgroups == 2 && kHalves == 1;
+      FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && kBlockN == 128 && kConsumerWarpgroups == 2;
   // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
@@ -238,7 +222,7 @@ struct Traits {
   // SMs. Elsewhere the split's code is not compiled in: the head_dim 64 and 256 kernels spilled
   // 100-160 bytes in their main loops with it, and the 2-warpgroup head_dim 128 kernel (8 bytes,
   // once a tile) read 6-11% slower at 512-2k keys without splitting (docs/sm90.md, step 24).
-  static constexpr bool kTailSplit = kHeadDim == 128 && kConsumerWarpgroups == 3 && kSerial_ && kHalves == 1;
+  static constexpr bool kTailSplit = kHeadDim == 128 && kConsumerWarpgroups == 3 && kSerial_;
   // A piece that does not store would have to free the staged epilogue's q buffer itself.
   static_assert(!kTailSplit || !kStagedEpilogue, "split tiles store from registers or slabs");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
