@@ -160,8 +160,8 @@ constexpr int kMaxTailPieces = 8;
 // dispatched since step 9 (measured slower than tile by tile with the staged epilogue); a dev
 // switch (FLASHATTN_SM90_TILE_OVERLAP).
 // kConsumers: consumer warpgroups (3: more warps to hide the softmax behind; ping-pong needs 2).
-// With 3, ptxas allocates 128 registers a thread, not the 160 of setmaxnreg: it allocates for the
-// launch bound (512 threads; 4 warps share each sub-partition's 16K registers).
+// ptxas reports the launch bound's count (168 or 128 a thread) and allocates the consumers' code up
+// to setmaxnreg's (240 or 160: the SASS uses up to R232 and R157; docs/sm90.md, step 26).
 // kSerial: with 3 consumer warpgroups, each runs S = q k^T, the softmax and O += P v in turn.
 template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_, bool kTileOverlap_ = false,
           int kConsumers_ = 2, bool kSerial_ = false>
