@@ -148,7 +148,8 @@ constexpr int kMaxTailPieces = 8;
 //                 (24 KB); causal past 1k rows: the same with serial GEMMs and block_n 192 (192 KB
 //                 + slabs of 24 KB); short causal: 2 consumer warpgroups, early rescale (128 KB).
 //   head_dim 128: block_n 128 with the early rescale, 2 q (192 KB); long: 3 consumer warpgroups
-//                 with serial GEMMs, block_n 128, 2 stages, 2 q (224 KB), O stored from registers.
+//                 with serial GEMMs, block_n 128, 2 stages, 2 q (224 KB), O stored from registers;
+//                 long without a mask: block_n 144, rescale after the wait, 2 q (208 KB).
 //                 (block_n 176, 1 q (208 KB) + slabs of 64 columns: a dev configuration now.)
 //   head_dim 256: block_n 64, 2 stages, 1 q (192 KB) + the epilogue's slabs (32 KB); O alone is
 //                 128 registers a thread. Long non-causal: block_n 80 (224 KB, no slabs).
@@ -203,10 +204,10 @@ struct Traits {
   static constexpr bool kStagedEpilogue =
       FLASHATTN_SM90_STAGED_EPILOGUE && kQStages == 2 && !kTileOverlap && kConsumerWarpgroups == 2;
   // q (64 x head_dim of the warpgroup) in registers, head_dim / 4 a thread: S = q k^T then reads
-  // only k from shared memory. Room for it: head_dim 128 with block_n 128 (O 64 + S 64 + P 32 +
-  // q 32 floats a thread).
+  // only k from shared memory. Room for it: head_dim 128 with block_n 128 or 144 (O 64 + S 72 + P 36
+  // + q 32 floats a thread; 160 spills and serializes the wgmma).
   static constexpr bool kQInRegisters =
-      FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && kBlockN == 128 && kConsumerWarpgroups == 2;
+      FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && (kBlockN == 128 || kBlockN == 144) && kConsumerWarpgroups == 2;
   // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
