@@ -209,9 +209,10 @@ Status launch(const fa_params& p) {
 //                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
 //                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
 //                 kernels (block_n 128 and 176), 8-25% slower at shorter lengths (docs/sm90.md,
-//                 steps 6, 8, 9, 13). Without a mask (equal_tasks) past 4k keys: 2 warpgroups
-//                 with block_n 144 and q in registers, +2-3% at 8k-16k over the 3 warpgroups and
-//                 their last-round split, even at 4k, 9% slower causal at 8k (step 28).
+//                 steps 6, 8, 9, 13). Without a mask (equal_tasks) past 4k queries and keys: 2
+//                 warpgroups with block_n 144 and q in registers, +2-3% at 8k-16k over the 3
+//                 warpgroups and their last-round split, even at 4k, 9% slower causal at 8k (step
+//                 28). Short query sides (decode) keep the split: this kernel has none.
 //   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
 //                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
 //                 (+16-27% at 512 keys, epilogue.cuh); block_n 80 (no room left for the slab)
@@ -240,7 +241,7 @@ auto with_fwd_config(const fa_params& p, F&& f) {
     return f(TraitsTag<Traits<64, kBf16, 128, false, false, 3>>{});
   } else if constexpr (kHeadDim == 128) {
     if (p.seqlen_k <= 2048) return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
-    if (equal_tasks(p) && p.seqlen_k > 4096) return f(TraitsTag<Traits<128, kBf16, 144, false>>{});
+    if (equal_tasks(p) && p.seqlen_q > 4096 && p.seqlen_k > 4096) return f(TraitsTag<Traits<128, kBf16, 144, false>>{});
     return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true>>{});
   } else {
     if (!p.causal && p.seqlen_k > 8192) return f(TraitsTag<Traits<kHeadDim, kBf16, 80, false>>{});

@@ -149,7 +149,7 @@ constexpr int kMaxTailPieces = 8;
 //                 + slabs of 24 KB); short causal: 2 consumer warpgroups, early rescale (128 KB).
 //   head_dim 128: block_n 128 with the early rescale, 2 q (192 KB); long: 3 consumer warpgroups
 //                 with serial GEMMs, block_n 128, 2 stages, 2 q (224 KB), O stored from registers;
-//                 long without a mask: block_n 144, rescale after the wait, 2 q (208 KB).
+//                 long q and k without a mask: block_n 144, rescale after the wait, 2 q (208 KB).
 //                 (block_n 176, 1 q (208 KB) + slabs of 64 columns: a dev configuration now.)
 //   head_dim 256: block_n 64, 2 stages, 1 q (192 KB) + the epilogue's slabs (32 KB); O alone is
 //                 128 registers a thread. Long non-causal: block_n 80 (224 KB, no slabs).
