@@ -29,7 +29,7 @@ Status sm80_backward(const fa_params& p);
 // problem (dtype, head_dim, device) has a kernel; otherwise the dispatcher uses sm80.
 bool sm90_supports(const fa_params& p);
 bool sm90_forward_fills_gpu(const fa_params& p);  // whether its tiles give every SM one (whole tiles: its split
-                                                  // of the last round is head_dim 128 past 2k keys only)
+                                                  // of the last round is in one head_dim 128 kernel only)
 size_t sm90_forward_workspace(const fa_params& p);
 Status sm90_forward(const fa_params& p);
 

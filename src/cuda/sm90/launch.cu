@@ -3,6 +3,7 @@
 #include <cudaTypedefs.h>
 
 #include <tuple>
+#include <type_traits>
 
 #include "common/layout.hpp"
 #include "cuda/common.cuh"
@@ -64,22 +65,33 @@ bool sm90_forward_fills_gpu(const fa_params& p) {
   return tiles >= dev.num_sms;
 }
 
-bool sm90_supports(const fa_params& p) {
-  if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16) return false;
-  bool built = false;
+namespace {
+
+// Calls f(std::integral_constant<int, head_dim>{}, std::bool_constant<bf16>{}) for the instantiation
+// of p's head dim and dtype; none() where that head dim is not built (FLASHATTN_CUDA_HEAD_DIMS).
+template <class F, class None>
+auto with_instance(const fa_params& p, F&& f, None&& none) {
+  const bool bf16 = p.dtype == FA_BFLOAT16;
+  auto call = [&](auto d) { return bf16 ? f(d, std::true_type{}) : f(d, std::false_type{}); };
   switch (p.head_dim) {
 #if FLASHATTN_HDIM_64
-    case 64: built = true; break;
+    case 64: return call(std::integral_constant<int, 64>{});
 #endif
 #if FLASHATTN_HDIM_128
-    case 128: built = true; break;
+    case 128: return call(std::integral_constant<int, 128>{});
 #endif
 #if FLASHATTN_HDIM_256
-    case 256: built = true; break;
+    case 256: return call(std::integral_constant<int, 256>{});
 #endif
-    default: break;
+    default: return none();
   }
-  if (!built) return false;
+}
+
+}  // namespace
+
+bool sm90_supports(const fa_params& p) {
+  if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16) return false;
+  if (!with_instance(p, [](auto, auto) { return true; }, [] { return false; })) return false;
   // The softmax takes the row max of the raw scores and scales it after: right for scale > 0
   // (and with softcap, which is applied first). A negative scale goes to sm80.
   if (p.softmax_scale < 0.f && p.softcap <= 0.f) return false;
@@ -104,21 +116,9 @@ bool sm90_supports(const fa_params& p) {
 size_t sm90_forward_workspace(const fa_params& p) {
   DeviceInfo dev;
   if (!sm90_supports(p) || !device_info(&dev).ok()) return 0;
-  const bool bf16 = p.dtype == FA_BFLOAT16;
-  switch (p.head_dim) {
-#if FLASHATTN_HDIM_64
-    case 64: return bf16 ? sm90::fwd_workspace<64, true>(p, dev.num_sms) : sm90::fwd_workspace<64, false>(p, dev.num_sms);
-#endif
-#if FLASHATTN_HDIM_128
-    case 128:
-      return bf16 ? sm90::fwd_workspace<128, true>(p, dev.num_sms) : sm90::fwd_workspace<128, false>(p, dev.num_sms);
-#endif
-#if FLASHATTN_HDIM_256
-    case 256:
-      return bf16 ? sm90::fwd_workspace<256, true>(p, dev.num_sms) : sm90::fwd_workspace<256, false>(p, dev.num_sms);
-#endif
-    default: return 0;
-  }
+  return with_instance(
+      p, [&](auto d, auto bf16) { return sm90::fwd_workspace<decltype(d)::value, decltype(bf16)::value>(p, dev.num_sms); },
+      [] { return size_t(0); });
 }
 
 Status sm90_forward(const fa_params& p) {
@@ -127,19 +127,9 @@ Status sm90_forward(const fa_params& p) {
                        "bf16, head_dim 64, 128 or 256, 16-byte aligned pointers and strides, softmax_scale >= 0 unless "
                        "softcap, fewer than 2^31 rows)",
                        fa_dtype_name(p.dtype), p.head_dim);
-  const bool bf16 = p.dtype == FA_BFLOAT16;
-  switch (p.head_dim) {
-#if FLASHATTN_HDIM_64
-    case 64: return bf16 ? sm90::run_fwd<64, true>(p) : sm90::run_fwd<64, false>(p);
-#endif
-#if FLASHATTN_HDIM_128
-    case 128: return bf16 ? sm90::run_fwd<128, true>(p) : sm90::run_fwd<128, false>(p);
-#endif
-#if FLASHATTN_HDIM_256
-    case 256: return bf16 ? sm90::run_fwd<256, true>(p) : sm90::run_fwd<256, false>(p);
-#endif
-    default: return unsupported("flashattn-sm90: head_dim %d", p.head_dim);
-  }
+  return with_instance(
+      p, [&](auto d, auto bf16) { return sm90::run_fwd<decltype(d)::value, decltype(bf16)::value>(p); },
+      [&] { return unsupported("flashattn-sm90: head_dim %d", p.head_dim); });
 }
 
 }  // namespace flashattn::cuda
