@@ -1,9 +1,12 @@
 """Two or more builds of the library side by side on the Hopper forward (flashattn-sm90), bf16, one
-process: each shape timed by every build in turn, twice (the second round in reverse order), median of
-N calls (CUDA events, back to back). usage: python3 dev/sm90/fwd_ab.py NAME=LIB,NAME=LIB [SHAPES]
-SHAPES: ';'-separated "d,causal,seqlen[,heads[,batch]]"; default: the standard sweep at head_dim 128
-(16k tokens, 2048 / d heads). Prints TFLOP/s per build and the ratio of each to the first."""
+process: each shape timed by every build in turn, ROUNDS times (default 2; every other round in reverse
+order), median of N calls (CUDA events, back to back) each time. usage: python3 dev/sm90/fwd_ab.py
+NAME=LIB,NAME=LIB [SHAPES]. SHAPES: ';'-separated "d,causal,seqlen[,heads[,batch]]"; default: the
+standard sweep at head_dim 128 (16k tokens, 2048 / d heads). Prints TFLOP/s per build (the median over
+rounds) and the ratio of each to the first: the median of the rounds' ratios (each round times the builds
+back to back, so a ratio is taken at one state of the card's clock and power)."""
 import os
+import statistics
 import sys
 
 import torch
@@ -23,6 +26,7 @@ if len(sys.argv) > 2:
 else:
     shapes = [(128, c, s) for c in (0, 1) for s in (512, 1024, 2048, 4096, 8192, 16384)]
 N = int(os.environ.get("N", "20"))
+ROUNDS = int(os.environ.get("ROUNDS", "2"))
 
 names = list(libs)
 print("d causal seqlen heads batch | " + " ".join(f"{n:>8}" for n in names) + " | " +
@@ -34,12 +38,13 @@ for shape in shapes:
     q, k, v = (torch.randn((b, s, heads, d), device="cuda", dtype=torch.bfloat16) for _ in range(3))
     ours = {n: gb.Ours(lib, "flashattn-sm90", q, k, v, bool(causal)) for n, lib in libs.items()}
     times = {n: [] for n in names}
-    for order in (names, names[::-1]):
-        for n in order:
+    for r in range(ROUNDS):
+        for n in names if r % 2 == 0 else names[::-1]:
             times[n].append(median_ms(ours[n].forward, n=N))
     fl = gb.flops(b, heads, s, s, d, bool(causal), False)
-    tf = {n: fl / (sum(t) / len(t)) / 1e9 for n, t in times.items()}
+    tf = {n: fl / statistics.median(t) / 1e9 for n, t in times.items()}
+    ratio = {n: statistics.median(a / b for a, b in zip(times[names[0]], times[n])) for n in names[1:]}
     print(f"{d:3d} {causal} {s:6d} {heads:4d} {b:4d} | " + " ".join(f"{tf[n]:8.1f}" for n in names) + " | " +
-          " ".join(f"{tf[n] / tf[names[0]]:.3f}" for n in names[1:]), flush=True)
+          " ".join(f"{ratio[n]:.3f}" for n in names[1:]), flush=True)
     del q, k, v, ours
     torch.cuda.empty_cache()

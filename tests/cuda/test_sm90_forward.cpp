@@ -7,7 +7,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_backend.hpp"
@@ -128,13 +130,23 @@ TEST_P(Sm90Forward, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Standard, Sm90Forward, testing::ValuesIn(sm90_forward_cases()), param_name);
 
+// The smallest head count from `from` on whose tiles (m_blocks a head) leave more than half a round of
+// SMs for the last round (more: true) or at most half (false).
+int heads_leaving(int sms, int m_blocks, bool more, int from) {
+  for (int h = from;; ++h) {
+    const int rest = (h * m_blocks) % sms;
+    if (rest > 0 && (rest > sms / 2) == more) return h;
+  }
+}
+
 // The last round's split (fwd_tail_plan, launch_template.cuh): where tiles % SMs leaves a short last
-// round and every tile visits every key block, the last tiles run as pieces over parts of the keys
-// whose partial O, row max and row sum merge in the workspace. The kernel that splits: head_dim 128
-// past 2k keys (192-row tiles, 3 consumer warpgroups; past 4k queries and keys a problem without a
-// mask takes block_n 144 on 2 warpgroups, which does not split). Shapes sized from this GPU's SM count so that
-// they split: one tile a head over all SMs + 1 or + 3 (1 or 3 split tiles, 8 pieces each), and fewer
-// tiles than SMs (all of them split, partial m-blocks); a partial last key block, GQA, MQA, softcap.
+// round and every tile visits every key block, the last tiles run as one stream of key blocks cut into
+// a segment per SM (or equal pieces, for few tiles) whose partial O, row max and row sum merge in the
+// workspace. The kernels that split: head_dim 128 past 2k keys (192-row tiles, 3 consumer warpgroups)
+// and, past 4k queries and keys, block_n 144 on 2 warpgroups (128-row tiles, q in registers, the staged
+// epilogue). Shapes sized from this GPU's SM count: one tile a head over all SMs + 1 or + 3 (8 equal
+// pieces), fewer tiles than SMs (partial m-blocks), more than half a round left (pieces of two tiles
+// in a segment) and less; a partial last key block, GQA, MQA, softcap, a larger scale.
 TEST(Sm90Forward, LastRoundSplitMatchesReference) {
   if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
   int dev = 0, sms = 0;
@@ -142,6 +154,7 @@ TEST(Sm90Forward, LastRoundSplitMatchesReference) {
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
   std::vector<Case> cases;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
+    // 3 consumer warpgroups, 192-row tiles.
     Case c = fa_test::make_case(dt, 1, 100, 2500, sms + 1, sms + 1, 128);  // 20 key blocks
     cases.push_back(c);
     c = fa_test::make_case(dt, 1, 150, 2900, sms + 3, 1, 128);  // MQA, 23 key blocks
@@ -151,6 +164,16 @@ TEST(Sm90Forward, LastRoundSplitMatchesReference) {
     cases.push_back(c);
     c = fa_test::make_case(dt, 3, 500, 4000, 3, 3, 128);  // 27 tiles, 32 key blocks
     c.softmax_scale = 0.6f;  // maxima that differ from piece to piece
+    cases.push_back(c);
+    const int h6 = heads_leaving(sms, 6, true, 1);  // 1000 rows: 6 tiles a head
+    c = fa_test::make_case(dt, 1, 1000, 3000, h6, 1, 128);
+    cases.push_back(c);
+    // block_n 144, 128-row tiles: 4200 rows are 33 tiles a head, 4999 keys 35 key blocks (a partial one).
+    c = fa_test::make_case(dt, 1, 4200, 4999, heads_leaving(sms, 33, true, 1), 1, 128);
+    c.softcap = 30.f;
+    cases.push_back(c);
+    c = fa_test::make_case(dt, 1, 4100, 4500, heads_leaving(sms, 33, false, 2), 1, 128);  // a partial m-block
+    c.softmax_scale = 0.5f;
     cases.push_back(c);
   }
   for (const Case& c : cases) {
@@ -166,45 +189,54 @@ TEST(Sm90Forward, LastRoundSplitMatchesReference) {
   }
 }
 
-// The split tiles' pieces merge in piece order whichever finishes last: two calls give the same bits.
+// The split tiles' pieces merge in piece order whichever finishes last: two calls give the same bits, on
+// both kernels that split (3 consumer warpgroups; block_n 144 past 4k queries and keys).
 TEST(Sm90Forward, LastRoundSplitIsDeterministic) {
   if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
   int dev = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
-  fa_params p;
-  fa_params_init(&p);
-  p.dtype = FA_BFLOAT16, p.head_dim = 128, p.batch = 1, p.seqlen_q = 150, p.seqlen_k = 3000;
-  p.num_heads = p.num_heads_kv = sms + 2;
-  fa_params_set_contiguous_strides(&p);
-  const size_t elems = size_t(p.seqlen_k) * p.num_heads * p.head_dim, rows = size_t(p.seqlen_q) * p.num_heads;
-  std::vector<uint16_t> host(elems);
-  uint32_t x = 12345;
-  for (uint16_t& h : host) {  // bf16 in [-2, 2): sign, exponent 126-127, random mantissa
-    x = x * 1664525u + 1013904223u;
-    h = uint16_t(((x >> 16) & 0x80ff) | 0x3f00);
+  struct Shape {
+    int seqlen_q, seqlen_k, heads;
+  };
+  for (const Shape shape : {Shape{150, 3000, sms + 2}, Shape{4200, 4999, heads_leaving(sms, 33, true, 1)}}) {
+    SCOPED_TRACE(std::to_string(shape.seqlen_q) + " x " + std::to_string(shape.seqlen_k));
+    fa_params p;
+    fa_params_init(&p);
+    p.dtype = FA_BFLOAT16, p.head_dim = 128, p.batch = 1, p.seqlen_q = shape.seqlen_q, p.seqlen_k = shape.seqlen_k;
+    p.num_heads = p.num_heads_kv = shape.heads;
+    fa_params_set_contiguous_strides(&p);
+    const size_t elems = size_t(std::max(p.seqlen_q, p.seqlen_k)) * p.num_heads * p.head_dim;
+    const size_t rows = size_t(p.seqlen_q) * p.num_heads;
+    std::vector<uint16_t> host(elems);
+    uint32_t x = 12345;
+    for (uint16_t& h : host) {  // bf16 in [-2, 2): sign, exponent 126-127, random mantissa
+      x = x * 1664525u + 1013904223u;
+      h = uint16_t(((x >> 16) & 0x80ff) | 0x3f00);
+    }
+    void *q, *k, *v, *o, *ws;
+    float* lse;
+    for (void** ptr : {&q, &k, &v, &o}) ASSERT_EQ(cudaMalloc(ptr, elems * 2), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&lse, rows * 4), cudaSuccess);
+    for (void* ptr : {q, k, v}) ASSERT_EQ(cudaMemcpy(ptr, host.data(), elems * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    p.q = q, p.k = k, p.v = v, p.o = o, p.lse = lse;
+    size_t ws_bytes = 0;
+    ASSERT_EQ(fa_workspace_size(&p, FA_IMPL_CUDA_SM90, 0, &ws_bytes), FA_OK) << fa_last_error();
+    ASSERT_GT(ws_bytes, 0u);
+    ASSERT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
+    p.workspace = ws, p.workspace_bytes = ws_bytes;
+    std::vector<uint16_t> o_first(rows * p.head_dim), o_again(o_first.size());
+    std::vector<float> lse_first(rows), lse_again(rows);
+    for (int call = 0; call < 2; ++call) {
+      ASSERT_EQ(fa_forward(&p, FA_IMPL_CUDA_SM90), FA_OK) << fa_last_error();
+      ASSERT_EQ(cudaMemcpy((call ? o_again : o_first).data(), o, o_first.size() * 2, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemcpy((call ? lse_again : lse_first).data(), lse, rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    EXPECT_TRUE(o_first == o_again);
+    EXPECT_EQ(std::memcmp(lse_first.data(), lse_again.data(), rows * 4), 0);
+    for (void* ptr : {q, k, v, o, static_cast<void*>(lse), ws}) cudaFree(ptr);
   }
-  void *q, *k, *v, *o, *ws;
-  float* lse;
-  for (void** ptr : {&q, &k, &v, &o}) ASSERT_EQ(cudaMalloc(ptr, elems * 2), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&lse, rows * 4), cudaSuccess);
-  for (void* ptr : {q, k, v}) ASSERT_EQ(cudaMemcpy(ptr, host.data(), elems * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  p.q = q, p.k = k, p.v = v, p.o = o, p.lse = lse;
-  size_t ws_bytes = 0;
-  ASSERT_EQ(fa_workspace_size(&p, FA_IMPL_CUDA_SM90, 0, &ws_bytes), FA_OK) << fa_last_error();
-  ASSERT_GT(ws_bytes, 0u);
-  ASSERT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
-  p.workspace = ws, p.workspace_bytes = ws_bytes;
-  std::vector<uint16_t> o_first(rows * p.head_dim), o_again(o_first.size());
-  std::vector<float> lse_first(rows), lse_again(rows);
-  for (int call = 0; call < 2; ++call) {
-    ASSERT_EQ(fa_forward(&p, FA_IMPL_CUDA_SM90), FA_OK) << fa_last_error();
-    ASSERT_EQ(cudaMemcpy((call ? o_again : o_first).data(), o, o_first.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy((call ? lse_again : lse_first).data(), lse, rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  EXPECT_TRUE(o_first == o_again);
-  EXPECT_EQ(std::memcmp(lse_first.data(), lse_again.data(), rows * 4), 0);
-  for (void* ptr : {q, k, v, o, static_cast<void*>(lse), ws}) cudaFree(ptr);
 }
 
 // The dispatcher on an sm_90 GPU takes the Hopper forward, except for decode (a few query rows over

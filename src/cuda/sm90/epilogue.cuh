@@ -143,53 +143,67 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
 // Barrier ids of the staged epilogue: one per consumer warpgroup (after the ping-pong ids).
 constexpr int kEpilogueBarrier = 3;
 
-// A piece of one of the last round's split tiles (Tile::slot >= 0): this warpgroup's rows after its
+// A piece of one of the last round's split tiles (Tile::tail_task >= 0): this warpgroup's rows after its
 // key blocks, O unnormalized against the row max m_j (exp2 domain) and the row sum l_j, go to the
-// piece's place in the workspace as the registers hold them (coalesced float4s). The warpgroup that
-// counts last for these rows reads back every piece's, in piece order (the same sums whichever piece
-// that is), and merges them as the online softmax merges key blocks:
-//   M = max_j m_j,   O = sum_j 2^(m_j - M) O_j,   l = sum_j 2^(m_j - M) l_j.
-// Returns true there, with the merged state in o, row_max, row_sum to store as a whole tile's; false
-// in the other pieces' warpgroups. (The loops over pieces unrolled to kMaxTailPieces: as loops they
-// made ptxas spill 220 bytes in the main loop of the 3-warpgroup head_dim 128 kernel.)
+// piece's slot in the workspace as the registers hold them (coalesced float4s). Returns whether this
+// warpgroup is the last of the tile's pieces to finish these rows (a counter per split tile and
+// warpgroup); it then merges them (merge_pieces) once its persistent loop is done: with the merge in the
+// loop, ptxas spilled 170-350 bytes of the main loop's registers.
 template <class T>
-__device__ __forceinline__ bool merge_pieces(float (&o)[T::kHeadDim / 2], float (&row_max)[2], float (&row_sum)[2],
-                                             const FwdParams& p, const Tile& tile, int consumer_wg) {
+__device__ __forceinline__ bool store_piece(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
+                                            const float (&row_sum)[2], const FwdParams& p, const Tile& tile,
+                                            int consumer_wg) {
   constexpr int kChunks = T::kHeadDim / 8;  // float4s of O a thread
-  constexpr int kWarpgroups = T::kConsumerWarpgroups;
   const int thread = threadIdx.x % 128;
-  const int64_t first = (int64_t(tile.slot) * p.tail_pieces) * kWarpgroups + consumer_wg;  // piece 0's
-  auto o_of = [&](int piece) { return p.tail_o + (first + piece * kWarpgroups) * kChunks * 128 + thread; };
-  auto ml_of = [&](int piece) { return p.tail_ml + (first + piece * kWarpgroups) * 128 + thread; };
-  float4* mine = o_of(tile.piece);
+  TailPiece piece;
+  tail_piece_of(tile.tail_task, p, piece);
+  float4* mine = p.tail_o + ((int64_t(piece.first) + piece.piece) * T::kConsumerWarpgroups + consumer_wg) * kChunks * 128;
 #pragma unroll
-  for (int n = 0; n < kChunks; ++n) mine[n * 128] = make_float4(o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3]);
-  *ml_of(tile.piece) = make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]);
+  for (int n = 0; n < kChunks; ++n)
+    mine[n * 128 + thread] = make_float4(o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3]);
+  p.tail_ml[(int64_t(piece.first + piece.piece) * T::kConsumerWarpgroups + consumer_wg) * 128 + thread] =
+      make_float4(row_max[0], row_max[1], row_sum[0], row_sum[1]);
   __threadfence();
   const int barrier = kEpilogueBarrier + consumer_wg;
   named_barrier_sync(barrier, 128);
-  int32_t* done = p.tail_done + tile.slot * kWarpgroups + consumer_wg;
-  if (!named_barrier_or(barrier, 128, thread == 0 && atomicAdd(done, 1) == p.tail_pieces - 1)) return false;
+  int32_t* done = p.tail_done + piece.task * T::kConsumerWarpgroups + consumer_wg;
+  if (!named_barrier_or(barrier, 128, thread == 0 && atomicAdd(done, 1) == piece.pieces - 1)) return false;
   __threadfence();
+  return true;
+}
 
+// The split tile's pieces of this warpgroup's rows, read back in piece order (the same sums whichever
+// piece finished last) and merged as the online softmax merges key blocks,
+//   M = max_j m_j,   O = sum_j 2^(m_j - M) O_j,   l = sum_j 2^(m_j - M) l_j,
+// then stored as a whole tile's (store_tile). Unrolled: a piece's 16-32 loads in flight at once.
+template <class T>
+__device__ __forceinline__ void merge_pieces(const FwdParams& p, const Tile& tile, int consumer_wg) {
+  constexpr int kChunks = T::kHeadDim / 8;
+  constexpr int kWarpgroups = T::kConsumerWarpgroups;
+  const int thread = threadIdx.x % 128;
+  TailPiece piece;
+  tail_piece_of(tile.tail_task, p, piece);
+  const int64_t first = int64_t(piece.first) * kWarpgroups + consumer_wg;  // the tile's piece 0
+  auto o_of = [&](int j) { return p.tail_o + (first + j * kWarpgroups) * kChunks * 128 + thread; };
+  auto ml_of = [&](int j) { return p.tail_ml + (first + j * kWarpgroups) * 128 + thread; };
+  float4 ml[kMaxTailPieces];
   float m[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int j = 0; j < kMaxTailPieces; ++j) {
-    if (j == p.tail_pieces) break;
-    const float4 ml = __ldcg(ml_of(j));
-    m[0] = fmaxf(m[0], ml.x), m[1] = fmaxf(m[1], ml.y);
+    if (j == piece.pieces) break;
+    ml[j] = __ldcg(ml_of(j));
+    m[0] = fmaxf(m[0], ml[j].x), m[1] = fmaxf(m[1], ml[j].y);
   }
+  float o[T::kHeadDim / 2], l[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < kChunks * 4; ++i) o[i] = 0.f;
-  float l[2] = {0.f, 0.f};
 #pragma unroll
   for (int j = 0; j < kMaxTailPieces; ++j) {
-    if (j == p.tail_pieces) break;
-    const float4 ml = __ldcg(ml_of(j));
+    if (j == piece.pieces) break;
     // A piece with no visible key in a row (m_j = -inf) adds nothing.
-    const float c0 = ml.x == -INFINITY ? 0.f : fast_exp2(ml.x - m[0]);
-    const float c1 = ml.y == -INFINITY ? 0.f : fast_exp2(ml.y - m[1]);
-    l[0] = fmaf(ml.z, c0, l[0]), l[1] = fmaf(ml.w, c1, l[1]);
+    const float c0 = ml[j].x == -INFINITY ? 0.f : fast_exp2(ml[j].x - m[0]);
+    const float c1 = ml[j].y == -INFINITY ? 0.f : fast_exp2(ml[j].y - m[1]);
+    l[0] = fmaf(ml[j].z, c0, l[0]), l[1] = fmaf(ml[j].w, c1, l[1]);
     const float4* part = o_of(j);
 #pragma unroll
     for (int n = 0; n < kChunks; ++n) {  // o[4 n + 2 i + e] belongs to row i
@@ -198,9 +212,7 @@ __device__ __forceinline__ bool merge_pieces(float (&o)[T::kHeadDim / 2], float 
       o[4 * n + 2] = fmaf(v.z, c1, o[4 * n + 2]), o[4 * n + 3] = fmaf(v.w, c1, o[4 * n + 3]);
     }
   }
-  row_max[0] = m[0], row_max[1] = m[1];
-  row_sum[0] = l[0], row_sum[1] = l[1];
-  return true;
+  store_tile<T>(o, m, l, p, tile, consumer_wg);
 }
 
 // O of this warpgroup's 64 rows into `q_tile` (the tile's q buffer: panels of 64 columns by

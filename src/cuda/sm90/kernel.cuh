@@ -60,15 +60,27 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       int32_t round = 0;
       Tile tile;
       int deferred_q_release = -1;  // q buffer a TMA store of O may still be reading
+      // The split tiles whose merge falls to this warpgroup (at most the CTA's two tail tasks, its last):
+      // its first thread writes them, the warpgroup reads them after the loop.
+      int32_t(&merge_task)[2] = smem.merge_task[consumer_wg];
+      if (T::kTailSplit && threadIdx.x % 128 == 0) merge_task[0] = merge_task[1] = -1;
       while (next_tile<T::kTailSplit>(round, p, tile)) {
         const int qs = q_pipe.index;
         SM90_TRACE(p, consumer_wg, consumer.trace_count, 8);
         consumer.run_tile(smem, p, tile, consumer_wg, pipe, q_pipe, deferred_q_release);
         deferred_q_release = -1;
-        // A piece of a split tile stores only if its warpgroup is the last of the tile's pieces.
+        // A piece of a split tile leaves its part in the workspace (the staged epilogue's q buffer is then
+        // free: q is in registers or read, store_piece held the warpgroup at a barrier after its last
+        // S); the warpgroup that finishes the tile's rows last merges them after the loop.
         bool store = true;
-        if constexpr (T::kTailSplit)
-          store = tile.slot < 0 || merge_pieces<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
+        if constexpr (T::kTailSplit) {
+          if (tile.tail_task >= 0) {
+            const bool last = store_piece<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
+            if (last && threadIdx.x % 128 == 0) merge_task[tile.tail_task >= int32_t(gridDim.x)] = tile.tail_task;
+            if (T::kStagedEpilogue && threadIdx.x % 128 == 0) mbar_arrive(&smem.q_empty[qs]);
+            store = false;
+          }
+        }
         if (store) {
           if constexpr (T::kStagedEpilogue) {
             if (store_tile_staged<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg,
@@ -87,6 +99,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // so its buffer needs no release.
       if (deferred_q_release >= 0 && threadIdx.x % 128 == 0) bulk_wait_group_0<false>();
       if (T::kSlabCols > 0 && threadIdx.x % 32 == 0) bulk_wait_group_0<false>();  // the slabs' stores
+      if constexpr (T::kTailSplit) {
+        named_barrier_sync(kEpilogueBarrier + consumer_wg, 128);  // merge_task written
+#pragma unroll 1
+        for (int sub = 0; sub < 2; ++sub)
+          if (merge_task[sub] >= 0) merge_pieces<T>(p, decode_tile<true>(p.tail_begin + merge_task[sub], p), consumer_wg);
+      }
     }
     if (consumer_wg == 0) pingpong_wait<T>(consumer_wg);
   }

@@ -43,14 +43,15 @@ int32_t causal_row_shift(const fa_params& p, int32_t num_m_blocks) {
   return key_blocks(pad) < key_blocks(0) ? pad : 0;
 }
 
-// The last round's split (common/last_round_split.hpp) of a problem whose tiles all visit every key
-// block (non-causal, no window, fixed length), in one round (split * pieces <= SMs), unless the caller
-// turned key splits off (num_splits 1). A tile of block_m rows over 16k keys is 128 key blocks: at
-// head_dim 128 the sweep's 1376 tiles leave 56 for an 11th round on 132 SMs (dev/sm90/fwd_waves.py:
-// 624-640 TFLOP/s with 9.1-10.4 rounds, 678-697 with 7.8 and 15.0). The workspace holds each piece's
-// partial state (FwdParams::tail_o, tail_ml) and the counters.
+// The last round's split (tail_stream, common/last_round_split.hpp) of a problem whose tiles all visit
+// every key block (non-causal, no window, fixed length), unless the caller turned key splits off
+// (num_splits 1): the tiles left after whole rounds run as one stream of key blocks cut into a segment
+// per SM. At head_dim 128 the sweep leaves 56 of 1376 192-row tiles for an 11th round on 132 SMs (8k,
+// 16k; dev/sm90/fwd_waves.py: 624-640 TFLOP/s with 9.1-10.4 rounds, 678-697 with 7.8 and 15.0), and 68
+// of 2048 128-row tiles for a 16th (16k, block_n 144). The workspace holds each piece's partial state
+// (FwdParams::tail_o, tail_ml) and the counters.
 struct FwdTailPlan {
-  int32_t split = 0, pieces = 1;
+  TailStream stream;
   size_t done_bytes = 0, ml_bytes = 0, o_bytes = 0;
   size_t bytes() const { return done_bytes + ml_bytes + o_bytes; }
 };
@@ -60,14 +61,11 @@ FwdTailPlan fwd_tail_plan(const fa_params& p, int num_sms) {
   if (!T::kTailSplit || !equal_tasks(p) || p.num_splits == 1 || p.seqlen_q <= 0 || p.seqlen_k <= 0 || num_sms <= 0) return t;
   const int64_t tiles = int64_t(p.batch) * p.num_heads * ((int64_t(p.seqlen_q) + T::kBlockM - 1) / T::kBlockM);
   const int64_t iters = (int64_t(p.seqlen_k) + T::kBlockN - 1) / T::kBlockN;
-  // (The kernel computes a piece's range in 32 bits: 64 * iters < 2^31.)
-  if (tiles >= (int64_t(1) << 30) || iters > INT32_MAX / 64 || tiles % num_sms == 0) return t;
-  const LastRoundSplit s =
-      last_round_split(tiles, iters, num_sms, std::min<int64_t>(kMaxTailPieces, num_sms / (tiles % num_sms)));
-  if (s.split == 0) return t;
-  t.split = s.split, t.pieces = s.pieces;
-  const size_t warpgroup_pieces = size_t(s.split) * s.pieces * T::kConsumerWarpgroups;
-  t.done_bytes = (size_t(s.split) * T::kConsumerWarpgroups * sizeof(int32_t) + 255) / 256 * 256;
+  if (tiles >= (int64_t(1) << 30)) return t;
+  t.stream = tail_stream(tiles, iters, num_sms, kMaxTailPieces);
+  if (t.stream.tasks == 0) return t;
+  const size_t warpgroup_pieces = size_t(t.stream.workspace_slots()) * T::kConsumerWarpgroups;
+  t.done_bytes = (size_t(t.stream.tasks) * T::kConsumerWarpgroups * sizeof(int32_t) + 255) / 256 * 256;
   t.ml_bytes = warpgroup_pieces * 128 * sizeof(float4);
   t.o_bytes = warpgroup_pieces * (T::kHeadDim / 8) * 128 * sizeof(float4);
   return t;
@@ -140,11 +138,11 @@ Status launch(const fa_params& p) {
   FA_RETURN_IF_ERROR(device_info(&dev));
   // The split needs its workspace (fa_workspace_size); without it the tiles run whole.
   const FwdTailPlan tail = fwd_tail_plan<T>(p, dev.num_sms);
-  const bool split = tail.split > 0 && p.workspace && p.workspace_bytes >= tail.bytes();
-  fp.tail_pieces = split ? tail.pieces : 1;
-  fp.tail_begin = fp.num_tiles - (split ? tail.split : 0);
-  fp.num_tasks = fp.tail_begin + (fp.num_tiles - fp.tail_begin) * fp.tail_pieces;
-  fp.tail_pieces_div = FastDivmod(fp.tail_pieces);
+  const bool split = tail.stream.tasks > 0 && p.workspace && p.workspace_bytes >= tail.bytes();
+  if (split) fp.tail = tail.stream;
+  fp.tail_begin = fp.num_tiles - fp.tail.tasks;
+  // The tail's two rounds (piece 0, then piece 1 of every segment) on a grid of every SM.
+  fp.num_tasks = split ? fp.tail_begin + 2 * dev.num_sms : fp.num_tiles;
   if (split) {
     char* ws = static_cast<char*>(p.workspace);
     fp.tail_done = reinterpret_cast<int32_t*>(ws);
@@ -212,7 +210,8 @@ Status launch(const fa_params& p) {
 //                 steps 6, 8, 9, 13). Without a mask (equal_tasks) past 4k queries and keys: 2
 //                 warpgroups with block_n 144 and q in registers, +2-3% at 8k-16k over the 3
 //                 warpgroups and their last-round split, even at 4k, 9% slower causal at 8k (step
-//                 28). Short query sides (decode) keep the split: this kernel has none.
+//                 28). Problems without a mask split the last round's tiles (the 3-warpgroup kernel in
+//                 an instantiation of its own: step 29).
 //   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
 //                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
 //                 (+16-27% at 512 keys, epilogue.cuh); block_n 80 (no room left for the slab)
@@ -241,7 +240,10 @@ auto with_fwd_config(const fa_params& p, F&& f) {
     return f(TraitsTag<Traits<64, kBf16, 128, false, false, 3>>{});
   } else if constexpr (kHeadDim == 128) {
     if (p.seqlen_k <= 2048) return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
-    if (equal_tasks(p) && p.seqlen_q > 4096 && p.seqlen_k > 4096) return f(TraitsTag<Traits<128, kBf16, 144, false>>{});
+    // Without a mask every tile sees every key: the last round's tiles split (the last Traits argument).
+    if (equal_tasks(p) && p.seqlen_q > 4096 && p.seqlen_k > 4096)
+      return f(TraitsTag<Traits<128, kBf16, 144, false, false, 2, false, true>>{});
+    if (equal_tasks(p)) return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true, true>>{});
     return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true>>{});
   } else {
     if (!p.causal && p.seqlen_k > 8192) return f(TraitsTag<Traits<kHeadDim, kBf16, 80, false>>{});

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "common/fast_divmod.hpp"  // the tile decode (three divisions in a row were ~850 clocks a tile)
+#include "common/last_round_split.hpp"  // TailStream
 
 // Dev switch: ping-pong scheduling of the two consumer warpgroups. Off: with the softmax already
 // overlapped inside each warpgroup it measured 1-8% slower (docs/sm90.md); dev/sm90/run.sh
@@ -121,15 +122,17 @@ struct FwdParams {
   FastDivmod section_tiles_div, section_heads_div, last_section_heads_div, num_heads_div;
   int32_t snake_order;        // rounds of tiles alternate direction (scheduler.cuh)
   // The last round's split (non-causal fixed-length problems, fwd_tail_plan in launch_template.cuh):
-  // the tiles from tail_begin on run as tail_pieces pieces of their key blocks; the scheduler hands
-  // out num_tasks = tail_begin + (num_tiles - tail_begin) * tail_pieces tasks (no split: tail_begin =
-  // num_tiles). A piece leaves its partial O, row max and row sum in the workspace; the warpgroup that
-  // finishes its rows last (a counter per slot and warpgroup) merges them and stores the tile.
-  int32_t num_tasks, tail_begin, tail_pieces;
-  FastDivmod tail_pieces_div;
-  float4* tail_o;   // [slot][piece][warpgroup][O float4 n][thread]: the accumulator registers as they are
-  float4* tail_ml;  // [slot][piece][warpgroup][thread]: (row_max[0], row_max[1], row_sum[0], row_sum[1])
-  int32_t* tail_done;  // [slot][warpgroup]: pieces finished (zeroed before the launch)
+  // the tiles from tail_begin on run as one stream of key blocks cut into tail.segments segments, one
+  // per CTA (common/last_round_split.hpp). Their tasks come in two rounds after the whole tiles': piece 0
+  // of every segment, then piece 1 (none where the segment lies in one tile), so num_tasks = tail_begin +
+  // 2 * grid (no split: tail_begin = num_tasks = num_tiles). A piece leaves its partial O, row max and
+  // row sum in the workspace; the warpgroup that finishes its rows last (a counter per split tile and
+  // warpgroup) merges them and stores the tile.
+  int32_t num_tasks, tail_begin;
+  TailStream tail;
+  float4* tail_o;   // [piece slot][warpgroup][O float4 n][thread]: the accumulator registers as they are
+  float4* tail_ml;  // [piece slot][warpgroup][thread]: (row_max[0], row_max[1], row_sum[0], row_sum[1])
+  int32_t* tail_done;  // [split tile][warpgroup]: pieces finished (zeroed before the launch)
 #if FLASHATTN_SM90_TRACE
   long long* trace;
 #endif
@@ -164,8 +167,11 @@ constexpr int kMaxTailPieces = 8;
 // ptxas reports the launch bound's count (168 or 128 a thread) and allocates the consumers' code up
 // to setmaxnreg's (240 or 160: the SASS uses up to R232 and R157; docs/sm90.md, step 26).
 // kSerial: with 3 consumer warpgroups, each runs S = q k^T, the softmax and O += P v in turn.
+// kTailSplit: the last round's tiles split (FwdParams::tail_begin, store_piece / merge_pieces): the
+// head_dim 128 kernels of long keys for problems without a mask, a separate instantiation (the causal
+// 3-warpgroup kernel with the split's code compiled in read 4% slower at 16k: docs/sm90.md, step 29).
 template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_, bool kTileOverlap_ = false,
-          int kConsumers_ = 2, bool kSerial_ = false>
+          int kConsumers_ = 2, bool kSerial_ = false, bool kTailSplit_ = false>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kBf16 = kBf16_;
@@ -218,14 +224,11 @@ struct Traits {
                                    : kSmemTiles + 64 * kSlabBytesPerCol <= kSmemLimit              ? 64
                                                                                                    : 0;
   static constexpr int kSlabBytes = kSlabCols * kSlabBytesPerCol;
-  // Split tiles in the last round (FwdParams::tail_begin, merge_pieces): the 3-warpgroup head_dim
-  // 128 kernel (past 2k keys), where the sweep leaves 56 tiles of 1376 for an eleventh round on 132
-  // SMs. Elsewhere the split's code is not compiled in: the head_dim 64 and 256 kernels spilled
-  // 100-160 bytes in their main loops with it, and the 2-warpgroup head_dim 128 kernel (8 bytes,
-  // once a tile) read 6-11% slower at 512-2k keys without splitting (docs/sm90.md, step 24).
-  static constexpr bool kTailSplit = kHeadDim == 128 && kConsumerWarpgroups == 3 && kSerial_;
-  // A piece that does not store would have to free the staged epilogue's q buffer itself.
-  static_assert(!kTailSplit || !kStagedEpilogue, "split tiles store from registers or slabs");
+  // The head_dim 64 and 256 kernels spilled 100-160 bytes in their main loops with the split's code
+  // (session 20, with the merge inside the persistent loop), and the block_n 128 2-warpgroup head_dim
+  // 128 kernel (8 bytes, once a tile) read 6-11% slower at 512-2k keys without splitting (step 24).
+  static constexpr bool kTailSplit = kTailSplit_;
+  static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap_), "split tiles: head_dim 128, tile by tile");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");
@@ -239,6 +242,9 @@ struct alignas(1024) SharedStorage {
   uint64_t q_full[T::kQStages], q_empty[T::kQStages];
   uint64_t k_full[T::kStages], k_empty[T::kStages];
   uint64_t v_full[T::kStages], v_empty[T::kStages];
+  // Split tiles (Traits::kTailSplit) whose merge falls to a consumer warpgroup: the tail task of its piece
+  // 0 and 1, or -1 (kernel.cuh). Here, not in registers: live across the main loop they spilled there.
+  int32_t merge_task[T::kConsumerWarpgroups][2];
   // Traits::kSlabCols (epilogue.cuh); TMA stores from it: 1024-byte aligned panels.
   alignas(T::kSlabBytes > 0 ? 1024 : 16) uint8_t slab[T::kSlabBytes > 0 ? T::kSlabBytes : 16];
 };

@@ -6,7 +6,7 @@
 // on per problem (FwdParams::snake_order).
 //
 // A tile is (m_block, batch, head); a task is a tile, or a piece of one of the last round's split
-// tiles (FwdParams::tail_begin: those run last, one round). Tiles are grouped in sections of heads_per_section
+// tiles (FwdParams::tail_begin: those run last, two rounds). Tiles are grouped in sections of heads_per_section
 // (batch, head) pairs whose k and v fit in L2 together; inside a section the m_block index is the
 // outer loop so that the CTAs running at once read the same few heads' k, v (the host cuts the
 // sections to about one round of tiles where that measured faster: launch_template.cuh). With
@@ -26,9 +26,9 @@ struct Tile {
   int32_t row0;
   int64_t q_start, k_start;  // first row of the sequence in the packed tensors (0 unless varlen)
   int32_t seqlen_q, seqlen_k;
-  // A piece of a split tile of the last round (FwdParams::tail_begin): its slot in the workspace
-  // and which of the tail_pieces key ranges it runs; slot -1: the whole tile.
-  int32_t slot, piece;
+  // A piece of a split tile of the last round: its task index past FwdParams::tail_begin (the
+  // piece: tail_piece_of); -1: the whole tile.
+  int32_t tail_task;
   bool valid;  // false: past the end of a shorter varlen sequence (nothing to do)
 };
 
@@ -38,20 +38,35 @@ __device__ __forceinline__ bool row_in_sequence(const Tile& tile, int32_t row) {
   return uint32_t(row) < uint32_t(tile.seqlen_q);
 }
 
-// The tile of this CTA in round r (>= num_tiles: none in this round).
+// kSplit: the kernel runs split tiles (Traits::kTailSplit); without, the code is as before the split.
+// The task of this CTA in round r (>= num_tasks: none in this round). The split tail's two rounds go
+// straight, so that CTA c runs both pieces of segment c.
+template <bool kSplit>
 __device__ __forceinline__ int32_t tile_of_round(int32_t r, const FwdParams& p) {
-  const int32_t c = p.snake_order && (r & 1) ? int32_t(gridDim.x) - 1 - int32_t(blockIdx.x) : int32_t(blockIdx.x);
+  const bool reverse = p.snake_order && (r & 1) && !(kSplit && r * int32_t(gridDim.x) >= p.tail_begin);
+  const int32_t c = reverse ? int32_t(gridDim.x) - 1 - int32_t(blockIdx.x) : int32_t(blockIdx.x);
   return r * int32_t(gridDim.x) + c;
 }
 
-// kSplit: the kernel runs split tiles (Traits::kTailSplit); without, the code is as before the split.
+// The piece that tail task j runs (j: the task's index past tail_begin, < 2 grid): piece j / grid of
+// segment j mod grid (common/last_round_split.hpp); false: none (past the segments, or a segment
+// inside one tile has no piece 1).
+__device__ __forceinline__ bool tail_piece_of(int32_t j, const FwdParams& p, TailPiece& piece) {
+  const int32_t sub = j >= int32_t(gridDim.x) ? 1 : 0;
+  const int32_t c = j - sub * int32_t(gridDim.x);
+  return c < p.tail.segments && tail_piece(p.tail, c, sub, piece);
+}
+
 template <bool kSplit>
 __device__ __forceinline__ Tile decode_tile(int32_t t, const FwdParams& p) {
   Tile tile;
-  tile.slot = -1, tile.piece = 0;
-  if (kSplit && t >= p.tail_begin) {  // task t: piece `piece` of split tile tail_begin + slot
-    tile.piece = p.tail_pieces_div.divmod(t - p.tail_begin, tile.slot);
-    t = p.tail_begin + tile.slot;
+  tile.tail_task = -1;
+  if (kSplit && t >= p.tail_begin) {  // a piece of split tile tail_begin + piece.task
+    TailPiece piece;
+    tile.valid = tail_piece_of(t - p.tail_begin, p, piece);
+    if (!tile.valid) return tile;
+    tile.tail_task = t - p.tail_begin;
+    t = p.tail_begin + piece.task;
   }
   const int32_t num_bh = p.batch * p.num_heads;
   const int32_t section = p.section_tiles_div.div(t);
@@ -87,7 +102,7 @@ template <bool kSplit>
 __device__ __forceinline__ bool next_tile(int32_t& r, const FwdParams& p, Tile& tile) {
   const int32_t num_tasks = kSplit ? p.num_tasks : p.num_tiles;
   for (; r * int32_t(gridDim.x) < num_tasks; ++r) {
-    const int32_t t = tile_of_round(r, p);
+    const int32_t t = tile_of_round<kSplit>(r, p);
     if (t >= num_tasks) continue;
     tile = decode_tile<kSplit>(t, p);
     if (tile.valid) {
@@ -109,17 +124,16 @@ __host__ __device__ __forceinline__ void key_block_range(int32_t row0, const Mas
   n_begin = int32_t(key_begin / kBlockN);
   n_end = key_end > key_begin ? int32_t((key_end + kBlockN - 1) / kBlockN) : n_begin;
 }
-// A piece of a split tile runs its share of them (piece_range, common/last_round_split.hpp).
+// A piece of a split tile runs its part of them (split tiles visit all their key blocks: no mask).
 template <int kBlockM, int kBlockN, bool kSplit>
 __device__ __forceinline__ void key_block_range(const Tile& tile, const Mask& mask, const FwdParams& p,
                                                 int32_t& n_begin, int32_t& n_end) {
   key_block_range<kBlockM, kBlockN>(tile.row0, mask, n_begin, n_end);
-  if (kSplit && tile.slot >= 0) {
-    // piece_range's share, written out: through the helper ptxas schedules the tile prologue
-    // differently, and this form is the one measured and tested on the GPU.
-    const int32_t n = n_end - n_begin;  // (the host splits only when 8 n < 2^31)
-    n_end = n_begin + (tile.piece + 1) * n / p.tail_pieces;
-    n_begin += tile.piece * n / p.tail_pieces;
+  if (kSplit && tile.tail_task >= 0) {
+    TailPiece piece;
+    tail_piece_of(tile.tail_task, p, piece);
+    n_end = n_begin + piece.end;
+    n_begin += piece.begin;
   }
 }
 
