@@ -148,7 +148,7 @@ constexpr int kEpilogueBarrier = 3;
 // piece's slot in the workspace as the registers hold them (coalesced float4s). Returns whether this
 // warpgroup is the last of the tile's pieces to finish these rows (a counter per split tile and
 // warpgroup); it then merges them (merge_pieces) once its persistent loop is done: with the merge in the
-// loop, ptxas spilled 170-350 bytes of the main loop's registers.
+// loop, ptxas spilled 136-350 bytes of the main loop's registers.
 template <class T>
 __device__ __forceinline__ bool store_piece(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
                                             const float (&row_sum)[2], const FwdParams& p, const Tile& tile,
