@@ -1,0 +1,41 @@
+#!/bin/bash
+# Builds of the working tree that differ in dev switches (params.cuh), against a control, side by side on
+# the Hopper forward in one device run (head_dim 128 only, no tests): for exploring, before tail_ab.sh
+# checks the winner. VARIANTS: ';'-separated "name=-DFLASHATTN_SM90_X=v -D..." (the flags go to nvcc);
+# the control: the sources in CTRL_SRC (e.g. `git archive HEAD src include tools CMakeLists.txt` unpacked
+# into the untracked .ctrl/, carried; ctrl2: the same library again). SHAPES, N, ROUNDS: dev/sm90/fwd_ab.py's. Logs to $OUT.
+# Usage (repository root): VARIANTS='new=;noqregs=-DFLASHATTN_SM90_Q_REGS=0' bash dev/sm90/variants_ab.sh
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/variants-ab}
+mkdir -p "$OUT"
+CTRL_SRC=${CTRL_SRC:-.ctrl}
+SHAPES=${SHAPES:-"128,0,8192,16,2;128,0,16384,16,1;128,0,8192,12,2;128,0,4096,16,4"}
+VARIANTS=${VARIANTS:-"new="}
+t0=$SECONDS
+nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/device.txt"
+build() {  # name source flags
+  cmake -S "$2" -B "build-$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_HEAD_DIMS='128' \
+    -DFLASHATTN_TESTS=OFF -DFLASHATTN_BENCH=OFF -DCMAKE_CUDA_FLAGS="$3" >"$OUT/cmake-$1.log" 2>&1 &&
+    cmake --build "build-$1" -j 4 --target flashattn >"$OUT/build-$1.log" 2>&1
+}
+build ctrl "$CTRL_SRC" "" &
+libs="ctrl=build-ctrl/libflashattn.so"
+IFS=';' read -ra specs <<<"$VARIANTS"
+for spec in "${specs[@]}"; do
+  name=${spec%%=*}
+  build "$name" . "${spec#*=}" &
+  libs="$libs,$name=build-$name/libflashattn.so"
+done
+wait
+echo "builds: $((SECONDS - t0)) s"
+for lib in $(echo "$libs" | tr ',' '\n' | cut -d= -f2); do
+  [ -f "$lib" ] || { echo "missing $lib"; tail -n 30 "$OUT"/build-*.log; exit 1; }
+done
+# ctrl2: the control's library again, under another name: the spread of one build timed twice.
+cp build-ctrl/libflashattn.so build-ctrl/libflashattn-2.so
+libs="$libs,ctrl2=build-ctrl/libflashattn-2.so"
+N=${N:-20} python3 dev/sm90/fwd_ab.py "$libs" "$SHAPES" 2>&1 | grep -v -i warn | tee "$OUT/ab.txt"
+echo "total: $((SECONDS - t0)) s"
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=ab.txt * && find . -maxdepth 1 -type f \
+  ! -name logs.tgz ! -name ab.txt -delete)
