@@ -1,9 +1,10 @@
 #!/bin/bash
 # Builds of the working tree that differ in dev switches (params.cuh), against a control, side by side on
-# the Hopper forward in one device run (head_dim 128 only, no tests): for exploring, before tail_ab.sh
+# the Hopper forward in one device run (HEAD_DIMS, default 128): for exploring, before tail_ab.sh
 # checks the winner. VARIANTS: ';'-separated "name=-DFLASHATTN_SM90_X=v -D..." (the flags go to nvcc);
 # the control: the sources in CTRL_SRC (e.g. `git archive HEAD src include tools CMakeLists.txt` unpacked
-# into the untracked .ctrl/, carried; ctrl2: the same library again). SHAPES, N, ROUNDS: dev/sm90/fwd_ab.py's. Logs to $OUT.
+# into the untracked .ctrl/, carried; ctrl2: the same library again). SHAPES, N, ROUNDS: dev/sm90/fwd_ab.py's.
+# TESTS: a gtest filter of the GPU tests, built and run for the first variant. Logs to $OUT.
 # Usage (repository root): VARIANTS='new=;noqregs=-DFLASHATTN_SM90_Q_REGS=0' bash dev/sm90/variants_ab.sh
 set -u
 cd "$(dirname "$0")/../.."
@@ -14,17 +15,21 @@ SHAPES=${SHAPES:-"128,0,8192,16,2;128,0,16384,16,1;128,0,8192,12,2;128,0,4096,16
 VARIANTS=${VARIANTS:-"new="}
 t0=$SECONDS
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/device.txt"
-build() {  # name source flags
-  cmake -S "$2" -B "build-$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_HEAD_DIMS='128' \
-    -DFLASHATTN_TESTS=OFF -DFLASHATTN_BENCH=OFF -DCMAKE_CUDA_FLAGS="$3" >"$OUT/cmake-$1.log" 2>&1 &&
-    cmake --build "build-$1" -j 4 --target flashattn >"$OUT/build-$1.log" 2>&1
+build() {  # name source flags [tests]
+  local tests=${4:-OFF} target=flashattn
+  [ "$tests" = ON ] && target=flashattn_cuda_tests
+  cmake -S "$2" -B "build-$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_HEAD_DIMS="${HEAD_DIMS:-128}" \
+    -DFLASHATTN_TESTS=$tests -DFLASHATTN_BENCH=OFF -DCMAKE_CUDA_FLAGS="$3" >"$OUT/cmake-$1.log" 2>&1 &&
+    cmake --build "build-$1" -j 4 --target $target >"$OUT/build-$1.log" 2>&1
 }
 build ctrl "$CTRL_SRC" "" &
 libs="ctrl=build-ctrl/libflashattn.so"
 IFS=';' read -ra specs <<<"$VARIANTS"
+first=
 for spec in "${specs[@]}"; do
   name=${spec%%=*}
-  build "$name" . "${spec#*=}" &
+  build "$name" . "${spec#*=}" $([ -z "$first" ] && [ -n "${TESTS:-}" ] && echo ON) &
+  first=${first:-$name}
   libs="$libs,$name=build-$name/libflashattn.so"
 done
 wait
@@ -32,6 +37,11 @@ echo "builds: $((SECONDS - t0)) s"
 for lib in $(echo "$libs" | tr ',' '\n' | cut -d= -f2); do
   [ -f "$lib" ] || { echo "missing $lib"; tail -n 30 "$OUT"/build-*.log; exit 1; }
 done
+# TESTS: a gtest filter of the GPU tests, run on the first variant's build.
+if [ -n "${TESTS:-}" ]; then
+  timeout 300 "build-$first/tests/flashattn_cuda_tests" --gtest_brief=1 --gtest_filter="$TESTS" >"$OUT/tests.log" 2>&1
+  echo "tests ($first, $TESTS) rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|PASSED|tests ran" "$OUT/tests.log" | head -20
+fi
 # ctrl2: the control's library again, under another name: the spread of one build timed twice.
 cp build-ctrl/libflashattn.so build-ctrl/libflashattn-2.so
 libs="$libs,ctrl2=build-ctrl/libflashattn-2.so"

@@ -52,6 +52,21 @@ __device__ __forceinline__ Mask tile_mask(const Tile& tile, const FwdParams& p) 
 
 template <class T>
 struct Producer {
+  // One block of rows (q, k or v) as kPanels boxes of 64 columns into `dst`; with Traits::kL2Hints, L2
+  // evict_last for k and v (`reused` by the head's other tiles), evict_first for q.
+  __device__ __forceinline__ static void load_panels(const CUtensorMap* map, uint64_t* bar, uint8_t* dst,
+                                                     int panel_bytes, int32_t row, int32_t head, int32_t batch,
+                                                     bool reused) {
+#pragma unroll
+    for (int c = 0; c < T::kPanels; ++c) {
+      if constexpr (T::kL2Hints) {
+        tma_load_4d(map, bar, dst + c * panel_bytes, 64 * c, row, head, batch, reused ? l2_evict_last() : l2_evict_first());
+      } else {
+        tma_load_4d(map, bar, dst + c * panel_bytes, 64 * c, row, head, batch);
+      }
+    }
+  }
+
   // One thread. k, v of head `head_kv` of the tile's sequence; TMA zero-fills rows past the
   // tensor's end, and rows of the next varlen sequence are masked by index in the softmax.
   // With two q buffers the next tile's q is loaded as soon as its buffer is free (the consumers
@@ -72,9 +87,7 @@ struct Producer {
       mbar_arrive_expect_tx(&smem.q_full[qs], T::kQBytes);
       const int32_t q_row = int32_t(t.q_start) + t.row0;  // may be < 0: TMA fills zeros
       const int32_t batch_coord = p.cu_seqlens_q ? 0 : t.batch;
-#pragma unroll
-      for (int c = 0; c < T::kPanels; ++c)
-        tma_load_4d(map_q, &smem.q_full[qs], smem.q[qs] + c * T::kQPanelBytes, 64 * c, q_row, t.head, batch_coord);
+      load_panels(map_q, &smem.q_full[qs], smem.q[qs], T::kQPanelBytes, q_row, t.head, batch_coord, false);
       q_pipe.advance();
     };
     bool have = next_tile<T::kTailSplit>(round, p, tile);
@@ -109,15 +122,11 @@ struct Producer {
         wait_stage(&smem.k_empty[s], pipe.phase ^ 1);
         if (n == n_end - 1) SM90_TRACE(p, kTraceProducer, trace_count, 1);
         mbar_arrive_expect_tx(&smem.k_full[s], T::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < T::kPanels; ++c)
-          tma_load_4d(map_k, &smem.k_full[s], smem.k[s] + c * T::kKVPanelBytes, 64 * c, k_row, head_kv, batch_coord);
+        load_panels(map_k, &smem.k_full[s], smem.k[s], T::kKVPanelBytes, k_row, head_kv, batch_coord, true);
         SM90_WATCH(kTraceProducer, tile.m_block, tile.batch * 100 + tile.head, 10000 + n, trace_count);
         wait_stage(&smem.v_empty[s], pipe.phase ^ 1);
         mbar_arrive_expect_tx(&smem.v_full[s], T::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < T::kPanels; ++c)
-          tma_load_4d(map_v, &smem.v_full[s], smem.v[s] + c * T::kKVPanelBytes, 64 * c, k_row, head_kv, batch_coord);
+        load_panels(map_v, &smem.v_full[s], smem.v[s], T::kKVPanelBytes, k_row, head_kv, batch_coord, true);
         pipe.advance();
       }
       SM90_TRACE(p, kTraceProducer, trace_count, 3);
