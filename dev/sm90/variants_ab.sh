@@ -4,7 +4,8 @@
 # checks the winner. VARIANTS: ';'-separated "name=-DFLASHATTN_SM90_X=v -D..." (the flags go to nvcc);
 # the control: the sources in CTRL_SRC (e.g. `git archive HEAD src include tools CMakeLists.txt` unpacked
 # into the untracked .ctrl/, carried; ctrl2: the same library again). SHAPES, N, ROUNDS: dev/sm90/fwd_ab.py's.
-# TESTS: a gtest filter of the GPU tests, built and run for the first variant. Logs to $OUT.
+# TESTS: a gtest filter of the GPU tests, built and run for the first variant; SANITIZE: one run under the
+# sanitizers (needs TESTS). Logs to $OUT.
 # Usage (repository root): VARIANTS='new=;noqregs=-DFLASHATTN_SM90_Q_REGS=0' bash dev/sm90/variants_ab.sh
 set -u
 cd "$(dirname "$0")/../.."
@@ -42,6 +43,12 @@ if [ -n "${TESTS:-}" ]; then
   timeout 300 "build-$first/tests/flashattn_cuda_tests" --gtest_brief=1 --gtest_filter="$TESTS" >"$OUT/tests.log" 2>&1
   echo "tests ($first, $TESTS) rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|PASSED|tests ran" "$OUT/tests.log" | head -20
 fi
+# SANITIZE: a gtest filter run under compute-sanitizer memcheck, racecheck and synccheck (the first variant).
+for tool in ${SANITIZE:+memcheck racecheck synccheck}; do
+  timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "build-$first/tests/flashattn_cuda_tests" --gtest_brief=1 \
+    --gtest_filter="$SANITIZE" >"$OUT/sanitize-$tool.log" 2>&1
+  echo "$tool rc=$? ($((SECONDS - t0)) s)"; tail -n 2 "$OUT/sanitize-$tool.log"
+done
 # ctrl2: the control's library again, under another name: the spread of one build timed twice.
 cp build-ctrl/libflashattn.so build-ctrl/libflashattn-2.so
 libs="$libs,ctrl2=build-ctrl/libflashattn-2.so"
