@@ -11,7 +11,7 @@
 namespace flashattn::cuda::sm90 {
 
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
+__global__ void __launch_bounds__(T::kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_o,
                const __grid_constant__ FwdParams p) {

@@ -164,7 +164,7 @@ Status launch(const fa_params& p) {
   // round then mixes long and short tiles), so not there (docs/sm90.md, step 8). The snake order
   // pairs the long causal m_blocks of one round with the short ones of the next.
   if (!p.causal || fp.num_m_blocks <= 4 || (kHeadDim == 64 && p.seqlen_q <= 4096)) {
-    const int64_t grid = std::min<int64_t>(num_tiles, int64_t(dev.num_sms) * T::kCtasPerSm);
+    const int64_t grid = std::min<int64_t>(num_tiles, dev.num_sms);
     const int64_t round_heads = std::max<int64_t>(1, grid / fp.num_m_blocks);
     fp.heads_per_section = int32_t(std::min<int64_t>(fp.heads_per_section, round_heads));
     fp.snake_order = 1;
@@ -185,10 +185,10 @@ Status launch(const fa_params& p) {
   fp.num_heads_div = FastDivmod(p.num_heads);
 
   constexpr size_t smem_bytes = sizeof(SharedStorage<T>) + 1024;  // + alignment slack
-  static_assert((smem_bytes + 1024) * T::kCtasPerSm <= 228 * 1024, "shared memory per SM (1 KB of it reserved per CTA)");
+  static_assert(smem_bytes <= 227 * 1024, "shared memory per CTA");
   constexpr auto kernel = &fwd_kernel<T>;
   FA_RETURN_IF_ERROR(opt_in_shared_memory<kernel>(dev, int(smem_bytes), "flashattn-sm90", "forward", kHeadDim));
-  const int grid = int(std::min<int64_t>(fp.num_tasks, int64_t(dev.num_sms) * T::kCtasPerSm));
+  const int grid = int(std::min<int64_t>(fp.num_tasks, dev.num_sms));
   kernel<<<grid, T::kThreads, smem_bytes, stream_of(p)>>>(map_q, map_k, map_v, map_o, fp);
   FA_CUDA_CHECK_LAUNCH("flashattn-sm90 forward");
   return {};

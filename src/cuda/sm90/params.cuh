@@ -50,11 +50,6 @@ constexpr int kTraceProducer = 3;
 #define FLASHATTN_SM90_L2_HINTS -1
 #endif
 
-// Dev switch: two CTAs an SM at head_dim 64 with 2 consumer warpgroups (Traits::kCtasPerSm).
-#ifndef FLASHATTN_SM90_TWO_CTAS
-#define FLASHATTN_SM90_TWO_CTAS 0
-#endif
-
 // Dev switch: the slab epilogue (Traits::kSlabCols) where it applies; 0: O stored straight from
 // the accumulator registers there.
 #ifndef FLASHATTN_SM90_SLAB_EPILOGUE
@@ -199,15 +194,9 @@ struct Traits {
   static constexpr bool kSerial = kSerial_;
   static_assert(!kSerial || (kConsumerWarpgroups == 3 && !kTileOverlap_ && !kRescaleEarly_),
                 "serial: tile by tile, 3 warpgroups, O rescaled right after each softmax");
-  // CTAs an SM holds (dev switch FLASHATTN_SM90_TWO_CTAS: 2 at head_dim 64 with 2 consumer warpgroups,
-  // so that one CTA's tile boundary runs beside the other's GEMMs); the registers and shared memory are
-  // split between them.
-  static constexpr int kCtasPerSm = FLASHATTN_SM90_TWO_CTAS && kHeadDim == 64 && kConsumerWarpgroups == 2 ? 2 : 1;
   static constexpr int kProducerRegs = 24;
   // 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 <= 64K registers
-  // With 2 CTAs: 80 a thread at the launch (65536 / 768, in steps of 8); the producer's 56 freed go to
-  // the consumers (24 * 128 + 104 * 256 <= 80 * 384).
-  static constexpr int kConsumerRegs = kCtasPerSm == 2 ? 104 : kConsumerWarpgroups == 2 ? 240 : 160;
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
 
   // 128-byte swizzled tiles are stored as panels of 64 columns (128 bytes) by rows.
   static constexpr int kPanels = kHeadDim / 64;
@@ -216,7 +205,7 @@ struct Traits {
   static constexpr int kQPanelBytes = kBlockM * 128;
   static constexpr int kKVPanelBytes = kBlockN * 128;
   // Shared memory per CTA is 227 KB; 1 KB goes to the alignment slack, a little to the barriers.
-  static constexpr int kSmemLimit = (kCtasPerSm == 2 ? 113 * 1024 : 227 * 1024) - 1024 - 256;
+  static constexpr int kSmemLimit = 227 * 1024 - 1024 - 256;
   static constexpr bool kTileOverlap = kTileOverlap_;
   // Two q buffers where they fit: the next tile's q loads while this one runs.
   static constexpr int kQStages = 2 * kQBytes + 2 * kStages * kKVBytes <= kSmemLimit ? 2 : 1;
@@ -252,7 +241,7 @@ struct Traits {
   static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap_), "split tiles: head_dim 128, tile by tile");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536 / kCtasPerSm, "register file");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");
 };
 
 template <class T>
