@@ -215,13 +215,13 @@ struct Traits {
   // slower with 3 at head_dim 64).
   static constexpr bool kStagedEpilogue =
       FLASHATTN_SM90_STAGED_EPILOGUE && kQStages == 2 && !kTileOverlap && kConsumerWarpgroups == 2;
+  // The loads carry L2 eviction priorities: q evict_first (read once), k and v evict_last (read by
+  // every tile of the head). Measured at head_dim 256: +3-6% causal at 512 keys, +1-3% at
+  // 1k-4k, even elsewhere; at head_dim 64 and 128 even within the noise (docs/sm90.md, step 31).
+  static constexpr bool kL2Hints = FLASHATTN_SM90_L2_HINTS < 0 ? kHeadDim == 256 : FLASHATTN_SM90_L2_HINTS > 0;
   // q (64 x head_dim of the warpgroup) in registers, head_dim / 4 a thread: S = q k^T then reads
   // only k from shared memory. Room for it: head_dim 128 with block_n 128 or 144 (O 64 + S 72 + P 36
   // + q 32 floats a thread; 160 spills and serializes the wgmma).
-  // The loads carry L2 eviction priorities: q evict_first (read once), k and v evict_last (read by
-  // every tile of the head). Measured at head_dim 256: +5% causal at 512 keys, +3% at 1k, even elsewhere;
-  // at head_dim 64 and 128 even within the noise (docs/sm90.md, step 31).
-  static constexpr bool kL2Hints = FLASHATTN_SM90_L2_HINTS < 0 ? kHeadDim == 256 : FLASHATTN_SM90_L2_HINTS > 0;
   static constexpr bool kQInRegisters =
       FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && (kBlockN == 128 || kBlockN == 144) && kConsumerWarpgroups == 2;
   // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
