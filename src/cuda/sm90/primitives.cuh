@@ -135,15 +135,15 @@ __device__ __forceinline__ void tma_load_4d(const CUtensorMap* map, uint64_t* ba
 }
 
 // L2 eviction priorities for TMA (createpolicy): evict_first for data used once, evict_last for
-// data other tiles read again.
+// data other tiles read again. Not volatile: a constant, computed once where the compiler can.
 __device__ __forceinline__ uint64_t l2_evict_first() {
   uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
 __device__ __forceinline__ uint64_t l2_evict_last() {
   uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
 // tma_load_4d with an L2 policy.
