@@ -203,7 +203,8 @@ Status launch(const fa_params& p) {
 //                 diagonal, 5-10% slower) and single-tile problems keep 2 warpgroups with block_n
 //                 128 and the early rescale (docs/sm90.md, step 9). Causal past 1k rows: the 3
 //                 warpgroups with serial GEMMs and block_n 192, +3-10% at 2k-16k (step 13).
-//   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue) up to seqlen_k 2k;
+//   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
+//                 seqlen_k 2k;
 //                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
 //                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
 //                 kernels (block_n 128 and 176), 8-25% slower at shorter lengths (docs/sm90.md,

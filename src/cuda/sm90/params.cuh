@@ -6,11 +6,10 @@
 #include "common/fast_divmod.hpp"  // the tile decode (three divisions in a row were ~850 clocks a tile)
 #include "common/last_round_split.hpp"  // TailStream
 
-// Dev switch: ping-pong scheduling of the two consumer warpgroups. Off: with the softmax already
-// overlapped inside each warpgroup it measured 1-8% slower (docs/sm90.md); dev/sm90/run.sh
-// bench-pingpong measures it on.
+// Dev switch: ping-pong scheduling of the two consumer warpgroups (Traits::kPingPong) in every
+// 2-consumer kernel (1), in none (0), or where the table in Traits says (-1).
 #ifndef FLASHATTN_SM90_PINGPONG
-#define FLASHATTN_SM90_PINGPONG 0
+#define FLASHATTN_SM90_PINGPONG -1
 #endif
 
 // Dev switch: the staged epilogue (Traits::kStagedEpilogue) where it applies; 0 stores O
@@ -54,6 +53,12 @@ constexpr int kTraceProducer = 3;
 // the accumulator registers there.
 #ifndef FLASHATTN_SM90_SLAB_EPILOGUE
 #define FLASHATTN_SM90_SLAB_EPILOGUE 1
+#endif
+
+// Dev switch: the depth of the k / v ring (Traits::kStages) where that many stages fit beside one q
+// buffer; 0: the table in Traits.
+#ifndef FLASHATTN_SM90_STAGES
+#define FLASHATTN_SM90_STAGES 0
 #endif
 
 // Dev switch: the staged epilogue stores O with TMA (fixed-length batches); 0: 16-byte stores.
@@ -185,9 +190,14 @@ struct Traits {
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = kBlockN_;
   static constexpr bool kRescaleEarly = kRescaleEarly_;
-  static constexpr int kStages = kHeadDim == 64 ? 3 : 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  static constexpr bool kPingPong = FLASHATTN_SM90_PINGPONG && kConsumerWarpgroups == 2;
+  // Ping-pong: the two consumer warpgroups take turns at issuing their GEMMs (mainloop.cuh). With the
+  // softmax already overlapped inside each warpgroup it measured 1-8% slower at most shapes (docs/sm90.md,
+  // steps 4-6). Today it pays in the short-key head_dim 128 kernel (block_n 128): +1-4% causal at
+  // 384-1k keys, even non-causal; 2% slower at head_dim 64, even at 256 and with block_n 144 (step 33).
+  static constexpr bool kPingPong =
+      kConsumerWarpgroups == 2 &&
+      (FLASHATTN_SM90_PINGPONG < 0 ? kHeadDim == 128 && kBlockN == 128 : FLASHATTN_SM90_PINGPONG > 0);
   // Each consumer warpgroup runs its GEMMs one at a time (no overlap inside the warpgroup; the
   // other two warpgroups' GEMMs overlap its softmax): S and P are not live beside the next S,
   // which lets block_n grow (head_dim 64: 192) within 128 registers.
@@ -206,6 +216,10 @@ struct Traits {
   static constexpr int kKVPanelBytes = kBlockN * 128;
   // Shared memory per CTA is 227 KB; 1 KB goes to the alignment slack, a little to the barriers.
   static constexpr int kSmemLimit = 227 * 1024 - 1024 - 256;
+  static constexpr int kStages =
+      FLASHATTN_SM90_STAGES > 0 && kQBytes + 2 * FLASHATTN_SM90_STAGES * kKVBytes <= kSmemLimit
+          ? FLASHATTN_SM90_STAGES
+          : kHeadDim == 64 ? 3 : 2;
   static constexpr bool kTileOverlap = kTileOverlap_;
   // Two q buffers where they fit: the next tile's q loads while this one runs.
   static constexpr int kQStages = 2 * kQBytes + 2 * kStages * kKVBytes <= kSmemLimit ? 2 : 1;
@@ -223,7 +237,7 @@ struct Traits {
   // only k from shared memory. Room for it: head_dim 128 with block_n 128 or 144 (O 64 + S 72 + P 36
   // + q 32 floats a thread; 160 spills and serializes the wgmma).
   static constexpr bool kQInRegisters =
-      FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && (kBlockN == 128 || kBlockN == 144) && kConsumerWarpgroups == 2;
+      FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && kBlockN <= 144 && kConsumerWarpgroups == 2;
   // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
