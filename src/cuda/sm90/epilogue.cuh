@@ -98,7 +98,7 @@ template <class T>
 __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
                                                 const float (&row_sum)[2], const FwdParams& p,
                                                 const CUtensorMap* map_o, const Tile& tile, int consumer_wg,
-                                                uint8_t* slabs) {
+                                                uint8_t* slabs, [[maybe_unused]] int trace_count = 0) {
   constexpr int kChunks = T::kSlabCols / 8;  // 16-byte chunks of a slab row: 16 or 8
   constexpr int kRowsPerStore = 32 / kChunks;  // rows a warp store covers (varlen)
   constexpr int kPanelBytes = 16 * 128;
@@ -118,7 +118,9 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
     // The slab is free once the stores before (the tile before's, or the pass before) have read it.
     if (lane == 0) bulk_wait_group_0<true>();
     __syncwarp();
+    if (pass == 1) SM90_TRACE(p, consumer_wg, trace_count, 11);
     stmatrix_o<T, kChunks>(o, inv, pass * kChunks, chunk_addr);
+    if (pass == 0) SM90_TRACE(p, consumer_wg, trace_count, 9);
     if (tma) fence_proxy_async_shared();  // the stmatrix writes before the TMA unit reads them
     __syncwarp();
     if (tma) {
@@ -128,6 +130,7 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
           tma_store_4d(map_o, slab_ptr + c * kPanelBytes, pass * T::kSlabCols + 64 * c, row_w, tile.head, tile.batch);
         bulk_commit_group();
       }
+      SM90_TRACE(p, consumer_wg, trace_count, pass == 0 ? 10 : 12);
     } else {
 #pragma unroll
       for (int it = 0; it < 16 / kRowsPerStore; ++it) {

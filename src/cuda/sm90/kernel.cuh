@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                      smem.q[qs], &smem.q_empty[qs], consumer.trace_count))
               deferred_q_release = qs;
           } else if constexpr (T::kSlabCols > 0) {
-            store_tile_slab<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg, smem.slab);
+            store_tile_slab<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg, smem.slab,
+                               consumer.trace_count);
           } else {
             store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
           }
