@@ -120,7 +120,7 @@ for step in $STEPS; do
       IFS=';' read -ra shapes <<< "${NCU_SHAPES:-128 0 16384}"
       for shape in "${shapes[@]}"; do
         tag=$(echo $shape | tr ' ' _)
-        timeout 120 ncu --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+        timeout 120 ncu --clock-control none --launch-skip 3 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
           --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
           $B/default/sm90_harness profile $shape > "$OUT/ncu_$tag.log" 2>&1
         echo "== ncu $shape"
@@ -130,7 +130,7 @@ for step in $STEPS; do
       IFS=';' read -ra shapes <<< "${NCU_SHAPES:-128 0 512}"
       for shape in "${shapes[@]}"; do
         tag=$(echo $shape | tr ' ' _)
-        timeout 200 ncu --launch-skip 3 --launch-count 1 --section WarpStateStats --section SourceCounters \
+        timeout 200 ncu --clock-control none --launch-skip 3 --launch-count 1 --section WarpStateStats --section SourceCounters \
           --metrics 'regex:^smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active\.ratio$' \
           -o "$B/src_$tag" -f $B/default/sm90_harness profile $shape > "$OUT/ncusrc_$tag.log" 2>&1
         ncu -i "$B/src_$tag.ncu-rep" --page raw --csv 2>&1 | tr ',' '\n' > "$OUT/ncuraw_$tag.txt"
