@@ -216,6 +216,7 @@ struct Traits {
   static constexpr int kKVPanelBytes = kBlockN * 128;
   // Shared memory per CTA is 227 KB; 1 KB goes to the alignment slack, a little to the barriers.
   static constexpr int kSmemLimit = 227 * 1024 - 1024 - 256;
+  // The k / v ring: 3 stages at head_dim 64, 2 elsewhere (deeper rings measured even or slower: step 33).
   static constexpr int kStages =
       FLASHATTN_SM90_STAGES > 0 && kQBytes + 2 * FLASHATTN_SM90_STAGES * kKVBytes <= kSmemLimit
           ? FLASHATTN_SM90_STAGES
@@ -234,7 +235,7 @@ struct Traits {
   // 1k-4k, even elsewhere; at head_dim 64 and 128 even within the noise (docs/sm90.md, step 31).
   static constexpr bool kL2Hints = FLASHATTN_SM90_L2_HINTS < 0 ? kHeadDim == 256 : FLASHATTN_SM90_L2_HINTS > 0;
   // q (64 x head_dim of the warpgroup) in registers, head_dim / 4 a thread: S = q k^T then reads
-  // only k from shared memory. Room for it: head_dim 128 with block_n 128 or 144 (O 64 + S 72 + P 36
+  // only k from shared memory. Room for it: head_dim 128 with block_n up to 144 (O 64 + S 72 + P 36
   // + q 32 floats a thread; 160 spills and serializes the wgmma).
   static constexpr bool kQInRegisters =
       FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && kBlockN <= 144 && kConsumerWarpgroups == 2;
