@@ -337,6 +337,46 @@ struct Consumer {
     }
   }
 
+  // The softmax of a block after the row maxima are known, without the block's max: P = exp2(s * scale -
+  // row_max) in place and the sums. Where every element stays under 2^kMaxSlack the running max would not
+  // have moved (online_softmax: the same P, bit for bit, and corr = 1), so the block is done; a thread's
+  // partial sum over its elements bounds each of them. Otherwise (a row's max moves, or has none yet: -inf
+  // or NaN sums) the warpgroup, together by a named barrier, returns false with s spent: the caller issues
+  // S again and runs online_softmax. Saves the max's FMNMX chains and shuffles before the exp2s (a dev build
+  // without the block max, wrong where a max moves, ran 9% faster at head_dim 128, 16k; docs/sm90.md, step 36).
+  __device__ __forceinline__ bool optimistic_softmax(float (&s)[kN / 2], float score_scale, float (&corr)[2],
+                                                     int consumer_wg) {
+    constexpr int kChains = (kN / 8) % 4 == 0 ? 4 : 2;
+    float sum_part[2][kChains] = {};
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float e = fast_exp2(fmaf(s[4 * n + 2 * i + j], score_scale, -row_max[i]));
+          s[4 * n + 2 * i + j] = e;
+          sum_part[i][n % kChains] += e;
+        }
+    float sum[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      sum[i] = sum_part[i][0];
+#pragma unroll
+      for (int c = 1; c < kChains; ++c) sum[i] += sum_part[i][c];
+    }
+    constexpr float kLimit = 256.f;  // 2^kMaxSlack
+    static_assert(kMaxSlack == 8.f, "kLimit is 2^kMaxSlack");
+    const bool moved = FLASHATTN_SM90_OPT_MAX == 2 || !(sum[0] <= kLimit) || !(sum[1] <= kLimit);
+    if (named_barrier_or(kEpilogueBarrier + consumer_wg, 128, moved)) return false;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      row_sum[i] += sum[i];
+      corr[i] = 1.f;
+    }
+    return true;
+  }
+
   // kRescaleEarly off: runs on the critical path between the wait for O += P v and the next issue;
   // on: while the tensor cores compute S, off that path. Skipped when no row of the warp moved its
   // max (corr = 1 exactly: nearly every block after the first, with kMaxSlack).
@@ -531,10 +571,23 @@ struct Consumer {
         pingpong_pass<T>(consumer_wg);
         wgmma_wait<1>();  // S is done; O += P v may still run
         fence_registers(s);
-        if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
         if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
         mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
-        online_softmax(s, p.score_scale_log2, corr);
+        if constexpr (T::kOptimisticMax) {
+          // k is released only once S is final: the rare block whose max moved issues S again (outside
+          // the ping-pong turns, which count the regular issues only) and takes the full softmax.
+          if (!optimistic_softmax(s, p.score_scale_log2, corr, consumer_wg)) {
+            wgmma_fence();
+            issue_s(smem.k[pipe.index]);
+            wgmma_wait<0>();
+            fence_registers(s);
+            mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
+            online_softmax(s, p.score_scale_log2, corr);
+          }
+        } else {
+          online_softmax(s, p.score_scale_log2, corr);
+        }
+        if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
         wait_pv_after_softmax(smem, s, corr, pa, pipe, prev_stage, signals);
         if constexpr (!T::kRescaleEarly) rescale_o(corr);
         to_a_operand(s, pa);

@@ -61,6 +61,12 @@ constexpr int kTraceProducer = 3;
 #define FLASHATTN_SM90_STAGES 0
 #endif
 
+// Dev switch: the optimistic softmax (Traits::kOptimisticMax) where it applies (1), nowhere (0), or in
+// every block (2: each block's check fails, so the fallback runs everywhere; for testing it).
+#ifndef FLASHATTN_SM90_OPT_MAX
+#define FLASHATTN_SM90_OPT_MAX 1
+#endif
+
 // Dev switch: the staged epilogue stores O with TMA (fixed-length batches); 0: 16-byte stores.
 #ifndef FLASHATTN_SM90_TMA_STORE
 #define FLASHATTN_SM90_TMA_STORE 1
@@ -239,6 +245,11 @@ struct Traits {
   // + q 32 floats a thread; 160 spills and serializes the wgmma).
   static constexpr bool kQInRegisters =
       FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && kBlockN <= 144 && kConsumerWarpgroups == 2;
+  // The optimistic softmax (Consumer::optimistic_softmax) in the steady state of the block_n 144 kernel
+  // (head_dim 128, no mask, long): +4% at 8k in its first A/B, 16k within that run's spread; in the
+  // short-key kernel (block_n 128) +3% non-causal at 2k but 1.5-3% slower causal at 512-1k (docs/sm90.md,
+  // step 36). It needs q in registers: the block whose max moved issues S again.
+  static constexpr bool kOptimisticMax = FLASHATTN_SM90_OPT_MAX > 0 && kQInRegisters && kBlockN == 144;
   // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
