@@ -342,8 +342,9 @@ struct Consumer {
   // have moved (online_softmax: the same P and corr = 1, but for rounding right at the slack's edge, where
   // either is valid), so the block is done; a thread's partial sum over its elements bounds each of them.
   // Otherwise (a row's max moves, or has none yet: -inf or NaN sums) the warpgroup, together by a named
-  // barrier, returns false with s spent: the caller issues S again and runs online_softmax. Saves the max's FMNMX chains and shuffles before the exp2s (a dev build
-  // without the block max, wrong where a max moves, ran 9% faster at head_dim 128, 16k; docs/sm90.md, step 36).
+  // barrier, returns false with s spent: the caller issues S again and runs online_softmax. Saves the max's
+  // FMNMX chains and shuffles before the exp2s (a dev build without the block max, wrong where a max moves,
+  // ran 9% faster at head_dim 128, 16k; docs/sm90.md, step 36).
   __device__ __forceinline__ bool optimistic_softmax(float (&s)[kN / 2], float score_scale, float (&corr)[2],
                                                      int consumer_wg) {
     constexpr int kChains = (kN / 8) % 4 == 0 ? 4 : 2;
