@@ -4,8 +4,8 @@
 # checks the winner. VARIANTS: ';'-separated "name=-DFLASHATTN_SM90_X=v -D..." (the flags go to nvcc);
 # the control: the sources in CTRL_SRC (e.g. `git archive HEAD src include tools CMakeLists.txt` unpacked
 # into the untracked .ctrl/, carried; ctrl2: the same library again). SHAPES, N, ROUNDS: dev/sm90/fwd_ab.py's.
-# TESTS: a gtest filter of the GPU tests, built and run for the first variant; SANITIZE: one run under the
-# sanitizers (needs TESTS). Logs to $OUT.
+# TESTS: a gtest filter of the GPU tests, built and run for the variants named in TESTED (default: the first);
+# SANITIZE: one run under the sanitizers (needs TESTS; the first tested variant). Logs to $OUT.
 # Usage (repository root): VARIANTS='new=;noqregs=-DFLASHATTN_SM90_Q_REGS=0' bash dev/sm90/variants_ab.sh
 set -u
 cd "$(dirname "$0")/../.."
@@ -26,11 +26,10 @@ build() {  # name source flags [tests]
 build ctrl "$CTRL_SRC" "" &
 libs="ctrl=build-ctrl/libflashattn.so"
 IFS=';' read -ra specs <<<"$VARIANTS"
-first=
+TESTED=${TESTED:-${specs[0]%%=*}}
 for spec in "${specs[@]}"; do
   name=${spec%%=*}
-  build "$name" . "${spec#*=}" $([ -z "$first" ] && [ -n "${TESTS:-}" ] && echo ON) &
-  first=${first:-$name}
+  build "$name" . "${spec#*=}" $([ -n "${TESTS:-}" ] && [[ " $TESTED " == *" $name "* ]] && echo ON) &
   libs="$libs,$name=build-$name/libflashattn.so"
 done
 wait
@@ -38,12 +37,13 @@ echo "builds: $((SECONDS - t0)) s"
 for lib in $(echo "$libs" | tr ',' '\n' | cut -d= -f2); do
   [ -f "$lib" ] || { echo "missing $lib"; tail -n 30 "$OUT"/build-*.log; exit 1; }
 done
-# TESTS: a gtest filter of the GPU tests, run on the first variant's build.
-if [ -n "${TESTS:-}" ]; then
-  timeout 300 "build-$first/tests/flashattn_cuda_tests" --gtest_brief=1 --gtest_filter="$TESTS" >"$OUT/tests.log" 2>&1
-  echo "tests ($first, $TESTS) rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|PASSED|tests ran" "$OUT/tests.log" | head -20
-fi
-# SANITIZE: a gtest filter run under compute-sanitizer memcheck, racecheck and synccheck (the first variant).
+# TESTS: a gtest filter of the GPU tests, run on each tested variant's build.
+for name in ${TESTS:+$TESTED}; do
+  timeout 300 "build-$name/tests/flashattn_cuda_tests" --gtest_brief=1 --gtest_filter="$TESTS" >"$OUT/tests-$name.log" 2>&1
+  echo "tests ($name, $TESTS) rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|PASSED|tests ran" "$OUT/tests-$name.log" | head -20
+done
+# SANITIZE: a gtest filter run under compute-sanitizer memcheck, racecheck and synccheck (the first tested variant).
+first=${TESTED%% *}
 for tool in ${SANITIZE:+memcheck racecheck synccheck}; do
   timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 "build-$first/tests/flashattn_cuda_tests" --gtest_brief=1 \
     --gtest_filter="$SANITIZE" >"$OUT/sanitize-$tool.log" 2>&1
