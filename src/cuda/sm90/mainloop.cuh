@@ -286,7 +286,7 @@ struct Consumer {
   }
 
   // Online softmax of one block: new running max (log2 domain), P = exp2(s * scale - max) in
-  // place with one FFMA and one EX2 an element, the sums rescaled. corr rescales O. The row max
+  // place (exp2_rows), the sums rescaled. corr rescales O. The row max
   // and row sum run in kChains independent chains: one serial chain of kN / 4 dependent
   // instructions would sit on the critical path between the two GEMMs. The running max moves
   // only past kMaxSlack (cuda/common.cuh): corr is 1 (rescale_o skips) for all but the rare blocks
@@ -317,6 +317,17 @@ struct Consumer {
       corr[i] = fast_exp2(row_max[i] - m_use[i]);
       row_max[i] = m_new;
     }
+    float sum[2];
+    exp2_rows(s, score_scale, m_use, sum);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) row_sum[i] = fmaf(row_sum[i], corr[i], sum[i]);
+  }
+
+  // P = exp2(s * scale - m) in place with one FFMA and one EX2 an element, and the sums of this thread's
+  // elements of each row (in kChains chains, added at the end).
+  __device__ __forceinline__ static void exp2_rows(float (&s)[kN / 2], float score_scale, const float (&m)[2],
+                                                   float (&sum)[2]) {
+    constexpr int kChains = (kN / 8) % 4 == 0 ? 4 : 2;
     float sum_part[2][kChains] = {};
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n)
@@ -324,16 +335,15 @@ struct Consumer {
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const float e = fast_exp2(fmaf(s[4 * n + 2 * i + j], score_scale, -m_use[i]));
+          const float e = fast_exp2(fmaf(s[4 * n + 2 * i + j], score_scale, -m[i]));
           s[4 * n + 2 * i + j] = e;
           sum_part[i][n % kChains] += e;
         }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float sum = sum_part[i][0];
+      sum[i] = sum_part[i][0];
 #pragma unroll
-      for (int c = 1; c < kChains; ++c) sum += sum_part[i][c];
-      row_sum[i] = fmaf(row_sum[i], corr[i], sum);
+      for (int c = 1; c < kChains; ++c) sum[i] += sum_part[i][c];
     }
   }
 
@@ -347,25 +357,8 @@ struct Consumer {
   // ran 9% faster at head_dim 128, 16k; docs/sm90.md, step 36).
   __device__ __forceinline__ bool optimistic_softmax(float (&s)[kN / 2], float score_scale, float (&corr)[2],
                                                      int consumer_wg) {
-    constexpr int kChains = (kN / 8) % 4 == 0 ? 4 : 2;
-    float sum_part[2][kChains] = {};
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const float e = fast_exp2(fmaf(s[4 * n + 2 * i + j], score_scale, -row_max[i]));
-          s[4 * n + 2 * i + j] = e;
-          sum_part[i][n % kChains] += e;
-        }
     float sum[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      sum[i] = sum_part[i][0];
-#pragma unroll
-      for (int c = 1; c < kChains; ++c) sum[i] += sum_part[i][c];
-    }
+    exp2_rows(s, score_scale, row_max, sum);
     constexpr float kLimit = 256.f;  // 2^kMaxSlack
     static_assert(kMaxSlack == 8.f, "kLimit is 2^kMaxSlack");
     const bool moved = FLASHATTN_SM90_OPT_MAX == 2 || !(sum[0] <= kLimit) || !(sum[1] <= kLimit);
