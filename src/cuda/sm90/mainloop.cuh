@@ -286,11 +286,11 @@ struct Consumer {
   }
 
   // Online softmax of one block: new running max (log2 domain), P = exp2(s * scale - max) in
-  // place (exp2_rows), the sums rescaled. corr rescales O. The row max
-  // and row sum run in kChains independent chains: one serial chain of kN / 4 dependent
-  // instructions would sit on the critical path between the two GEMMs. The running max moves
-  // only past kMaxSlack (cuda/common.cuh): corr is 1 (rescale_o skips) for all but the rare blocks
-  // that raise a row's max that much.
+  // place (exp2_rows), the sums rescaled. corr rescales O. The row max and row sum run in kChains
+  // independent chains: one serial chain of kN / 4 dependent instructions would sit on the
+  // critical path between the two GEMMs. The running max moves only past kMaxSlack
+  // (cuda/common.cuh): corr is 1 (rescale_o skips) for all but the rare blocks that raise a row's
+  // max that much.
   __device__ __forceinline__ void online_softmax(float (&s)[kN / 2], float score_scale, float (&corr)[2]) {
     constexpr int kChains = (kN / 8) % 4 == 0 ? 4 : 2;
     float m_part[2][kChains];

@@ -246,7 +246,7 @@ struct Traits {
   static constexpr bool kQInRegisters =
       FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && kBlockN <= 144 && kConsumerWarpgroups == 2;
   // The optimistic softmax (Consumer::optimistic_softmax) in the steady state of the block_n 144 kernel
-  // (head_dim 128, no mask, long): +4% at 8k in its first A/B, 16k within that run's spread; in the
+  // (head_dim 128, no mask, long): +6.5% at 16k, +4.4% at 8k (docs/sm90.md, step 37); in the
   // short-key kernel (block_n 128) +3% non-causal at 2k but 1.5-3% slower causal at 512-1k (docs/sm90.md,
   // step 36). It needs q in registers: the block whose max moved issues S again.
   static constexpr bool kOptimisticMax = FLASHATTN_SM90_OPT_MAX > 0 && kQInRegisters && kBlockN == 144;
