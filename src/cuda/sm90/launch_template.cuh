@@ -204,10 +204,12 @@ Status launch(const fa_params& p) {
 //                 128 and the early rescale (docs/sm90.md, step 9). Causal past 1k rows: the 3
 //                 warpgroups with serial GEMMs and block_n 192, +3-10% at 2k-16k (step 13).
 //   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
-//                 seqlen_k 2k;
+//                 seqlen_k 2k, and causal up to 12k keys (+3-5% causal at 4k-12k over the 3 warpgroups,
+//                 even at 16k, 3% slower at 16k with 32 heads: step 38);
 //                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
 //                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
-//                 kernels (block_n 128 and 176), 8-25% slower at shorter lengths (docs/sm90.md,
+//                 kernels of that time (block_n 128 and 176, before ping-pong and q in registers),
+//                 8-25% slower at shorter lengths (docs/sm90.md,
 //                 steps 6, 8, 9, 13). Without a mask (equal_tasks) past 4k queries and keys: 2
 //                 warpgroups with block_n 144 and q in registers, +2-3% at 8k-16k over the 3
 //                 warpgroups and their last-round split, even at 4k, 9% slower causal at 8k (step
@@ -240,7 +242,7 @@ auto with_fwd_config(const fa_params& p, F&& f) {
     if (p.causal) return f(TraitsTag<Traits<64, kBf16, 192, false, false, 3, true>>{});
     return f(TraitsTag<Traits<64, kBf16, 128, false, false, 3>>{});
   } else if constexpr (kHeadDim == 128) {
-    if (p.seqlen_k <= 2048) return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
+    if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= 12288)) return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
     // Without a mask every tile sees every key: the last round's tiles split (the last Traits argument).
     if (equal_tasks(p) && p.seqlen_q > 4096 && p.seqlen_k > 4096)
       return f(TraitsTag<Traits<128, kBf16, 144, false, false, 2, false, true>>{});
