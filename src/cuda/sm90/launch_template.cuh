@@ -209,8 +209,8 @@ Status launch(const fa_params& p) {
 //                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
 //                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
 //                 kernels of that time (block_n 128 and 176, before ping-pong and q in registers),
-//                 8-25% slower at shorter lengths (docs/sm90.md,
-//                 steps 6, 8, 9, 13). Without a mask (equal_tasks) past 4k queries and keys: 2
+//                 8-25% slower at shorter lengths (docs/sm90.md, steps 6, 8, 9, 13). Without a
+//                 mask (equal_tasks) past 4k queries and keys: 2
 //                 warpgroups with block_n 144 and q in registers, +2-3% at 8k-16k over the 3
 //                 warpgroups and their last-round split, even at 4k, 9% slower causal at 8k (step
 //                 28). Problems without a mask split the last round's tiles (the 3-warpgroup kernel in
