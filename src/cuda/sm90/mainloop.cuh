@@ -565,11 +565,13 @@ struct Consumer {
         pingpong_pass<T>(consumer_wg);
         wgmma_wait<1>();  // S is done; O += P v may still run
         fence_registers(s);
+        // k is free once S is read, or with the optimistic softmax once S is final (below).
+        if (signals && !T::kOptimisticMax) mbar_arrive(&smem.k_empty[pipe.index]);
         if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
         mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
         if constexpr (T::kOptimisticMax) {
-          // k is released only once S is final: the rare block whose max moved issues S again (outside
-          // the ping-pong turns, which count the regular issues only) and takes the full softmax.
+          // The rare block whose max moved issues S again (outside the ping-pong turns, which count the
+          // regular issues only) and takes the full softmax.
           if (!optimistic_softmax(s, p.score_scale_log2, corr, consumer_wg)) {
             wgmma_fence();
             issue_s(smem.k[pipe.index]);
@@ -581,7 +583,7 @@ struct Consumer {
         } else {
           online_softmax(s, p.score_scale_log2, corr);
         }
-        if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
+        if (signals && T::kOptimisticMax) mbar_arrive(&smem.k_empty[pipe.index]);
         wait_pv_after_softmax(smem, s, corr, pa, pipe, prev_stage, signals);
         if constexpr (!T::kRescaleEarly) rescale_o(corr);
         to_a_operand(s, pa);
