@@ -7,6 +7,7 @@
 
 #include "common/last_round_split.hpp"
 #include "common/layout.hpp"
+#include "common/section_balance.hpp"
 #include "cuda/common.cuh"
 #include "cuda/sm90/kernel.cuh"
 #include "cuda/sm90/launch.hpp"
@@ -16,6 +17,12 @@ extern long long* flashattn_sm90_trace;  // dev: set by dev/sm90/harness.cu
 #endif
 #if FLASHATTN_SM90_WATCHDOG
 extern int* flashattn_sm90_watchdog;  // dev: set by dev/sm90/harness.cu
+#endif
+
+// Dev switch: the causal L2 sections' size (heads_per_section) below the one-section lengths: -1 the
+// schedule's model (causal_section_heads), 0 the L2's choice alone (before step 40), > 0 that many heads.
+#ifndef FLASHATTN_SM90_SECTION_HEADS
+#define FLASHATTN_SM90_SECTION_HEADS -1
 #endif
 
 namespace flashattn::cuda::sm90 {
@@ -41,6 +48,35 @@ int32_t causal_row_shift(const fa_params& p, int32_t num_m_blocks) {
     return total;
   };
   return key_blocks(pad) < key_blocks(0) ? pad : 0;
+}
+
+// Causal tiles of a (batch, head) differ in length, and the section size decides how the long ones fall on
+// the CTAs of each round: from the sizes whose k and v fit L2, the one the schedule's model balances best
+// (common/section_balance.hpp; a tile costs its key blocks + 2 there, for its loads and epilogue). l2_heads:
+// the heads whose k and v take half the L2. Measured +3-21% at head_dim 128 and 256 with 512-3k keys, even
+// at 64 (docs/sm90.md, step 40). The model runs once per problem: the last one's answer is kept (a
+// training loop repeats them).
+template <class T>
+int32_t causal_section_heads(const fa_params& p, const FwdParams& fp, int64_t num_bh, int64_t l2_heads, int32_t grid) {
+  struct Key {
+    int32_t seqlen_q, seqlen_k, window_left, window_right, grid;
+    int64_t num_bh, l2_heads;
+    bool operator==(const Key&) const = default;
+  };
+  static thread_local Key last_key{};
+  static thread_local int32_t last_heads = 0;
+  const Key key{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, grid, num_bh, l2_heads};
+  if (last_heads > 0 && key == last_key) return last_heads;
+  const Mask mask(p.seqlen_q, p.seqlen_k, true, p.window_left, p.window_right);
+  std::vector<int32_t> cost(size_t(fp.num_m_blocks));  // in run order: the last m_block first
+  for (int32_t i = 0; i < fp.num_m_blocks; ++i) {
+    int32_t n_begin, n_end;
+    key_block_range<T::kBlockM, T::kBlockN>((fp.num_m_blocks - 1 - i) * T::kBlockM - fp.row_shift, mask, n_begin, n_end);
+    cost[size_t(i)] = n_end - n_begin + 2;
+  }
+  last_heads = int32_t(balanced_section_heads(cost, num_bh, l2_heads, grid));
+  last_key = key;
+  return last_heads;
 }
 
 // The last round's split (tail_stream, common/last_round_split.hpp) of a problem whose tiles all visit
@@ -152,7 +188,8 @@ Status launch(const fa_params& p) {
   }
   // k and v of one (batch, head): seqlen_k * head_dim * 2 tensors * 2 bytes. Half of L2 for them.
   const int64_t kv_bytes = std::max<int64_t>(1, int64_t(p.seqlen_k) * kHeadDim * 4);
-  fp.heads_per_section = int32_t(std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, num_bh));
+  const int64_t l2_heads = std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, num_bh);
+  fp.heads_per_section = int32_t(l2_heads);
   // Snake order: measured up to 16% faster causal at head_dim 128 and 256 (seqlen 1k-8k), but
   // 10-14% slower causal at head_dim 64 with seqlen 8k-16k (docs/sm90.md); non-causal is neutral.
   fp.snake_order = kHeadDim >= 128;
@@ -176,6 +213,14 @@ Status launch(const fa_params& p) {
   if (p.causal && p.seqlen_q >= (kHeadDim >= 128 ? 4096 : 8192)) {
     fp.heads_per_section = int32_t(num_bh);
     fp.snake_order = 1;
+  }
+  // Causal problems below those lengths (in snake order; fixed length, where every (batch, head) has the
+  // same tiles): the section size from the schedule's model.
+  else if (p.causal && !varlen && fp.snake_order && FLASHATTN_SM90_SECTION_HEADS != 0) {
+    const int32_t grid = int32_t(std::min<int64_t>(num_tiles, dev.num_sms));
+    fp.heads_per_section = FLASHATTN_SM90_SECTION_HEADS > 0
+                               ? int32_t(std::clamp<int64_t>(FLASHATTN_SM90_SECTION_HEADS, 1, num_bh))
+                               : causal_section_heads<T>(p, fp, num_bh, l2_heads, grid);
   }
 
   fp.section_tiles_div = FastDivmod(fp.heads_per_section * fp.num_m_blocks);

@@ -1,0 +1,110 @@
+// The model of the Hopper forward's static schedule (src/common/section_balance.hpp) that sizes the causal
+// L2 sections (sm90/launch_template.cuh, causal_section_heads): its makespan against a tile-by-tile
+// replay of scheduler.cuh's order, and the section size it picks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/section_balance.hpp"
+
+namespace {
+
+using flashattn::balanced_section_heads;
+using flashattn::snake_makespan;
+
+// scheduler.cuh's order, tile by tile: task t runs on CTA t mod G, or G - 1 - (t mod G) in odd rounds;
+// task t is m_block index (t - section start) / heads of its section, so every task's cost is looked up.
+int64_t replay(const std::vector<int32_t>& cost, int64_t num_bh, int64_t heads_per_section, int32_t grid) {
+  const int64_t nm = int64_t(cost.size());
+  std::vector<int64_t> load(size_t(grid), 0);
+  for (int64_t t = 0; t < num_bh * nm; ++t) {
+    const int64_t section = t / (heads_per_section * nm);
+    const int64_t first_bh = section * heads_per_section;
+    const int64_t heads = std::min(heads_per_section, num_bh - first_bh);
+    const int64_t m_index = (t - section * heads_per_section * nm) / heads;
+    const int64_t round = t / grid, pos = t % grid;
+    load[size_t(round % 2 ? grid - 1 - pos : pos)] += cost[size_t(m_index)];
+  }
+  return *std::max_element(load.begin(), load.end());
+}
+
+// Causal tiles of one (batch, head), longest first: m_blocks of block_m rows over key blocks of block_n,
+// each + 2 (what causal_section_heads charges for a tile's loads and epilogue).
+std::vector<int32_t> causal_costs(int32_t seqlen, int32_t block_m, int32_t block_n) {
+  std::vector<int32_t> cost;
+  for (int32_t m = (seqlen + block_m - 1) / block_m - 1; m >= 0; --m)
+    cost.push_back((std::min((m + 1) * block_m, seqlen) + block_n - 1) / block_n + 2);
+  return cost;
+}
+
+TEST(SectionBalance, MakespanMatchesTheTileByTileOrder) {
+  std::mt19937 rng(20261126);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int32_t grid = std::uniform_int_distribution<int32_t>(1, 140)(rng);
+    const int64_t num_bh = std::uniform_int_distribution<int64_t>(1, 90)(rng);
+    const int64_t heads = std::uniform_int_distribution<int64_t>(1, num_bh)(rng);
+    std::vector<int32_t> cost(size_t(std::uniform_int_distribution<int>(1, 20)(rng)));
+    for (int32_t& c : cost) c = std::uniform_int_distribution<int32_t>(1, 50)(rng);
+    const std::string what = "grid " + std::to_string(grid) + ", " + std::to_string(num_bh) + " heads in sections of " +
+                             std::to_string(heads) + ", " + std::to_string(cost.size()) + " m_blocks";
+    const int64_t span = snake_makespan(cost, num_bh, heads, grid);
+    EXPECT_EQ(span, replay(cost, num_bh, heads, grid)) << what;
+    // No schedule beats the mean load or the longest tile.
+    const int64_t total = std::accumulate(cost.begin(), cost.end(), int64_t(0)) * num_bh;
+    EXPECT_GE(span, (total + grid - 1) / grid) << what;
+    EXPECT_GE(span, *std::max_element(cost.begin(), cost.end())) << what;
+  }
+}
+
+// The cases measured in docs/sm90.md, step 40 (132 SMs): the L2's section size alone left one CTA with
+// 1.1-1.2x the mean; the model's choice is within a few percent of it, and never worse than that size.
+TEST(SectionBalance, PicksABalancedSize) {
+  struct Case {
+    int32_t seqlen, block_m, block_n;
+    int64_t num_bh, l2_heads;
+    double old_over_mean;  // the L2's size: the largest load over the mean, at least
+  };
+  const Case cases[] = {
+      {1024, 128, 64, 8 * 16, 25, 1.15},   // head_dim 256, 1k keys
+      {2048, 128, 64, 8 * 8, 12, 1.15},    // head_dim 256, 2k
+      {2048, 128, 128, 16 * 8, 25, 1.08},  // head_dim 128, 2k
+      {1024, 128, 128, 16 * 16, 50, 1.08}, // head_dim 128, 1k
+  };
+  constexpr int32_t kGrid = 132;
+  for (const Case& c : cases) {
+    const std::vector<int32_t> cost = causal_costs(c.seqlen, c.block_m, c.block_n);
+    const double mean = double(std::accumulate(cost.begin(), cost.end(), int64_t(0)) * c.num_bh) / kGrid;
+    const int64_t heads = balanced_section_heads(cost, c.num_bh, c.l2_heads, kGrid);
+    const std::string what = "seqlen " + std::to_string(c.seqlen) + ", block_n " + std::to_string(c.block_n) +
+                             ": " + std::to_string(heads) + " heads";
+    ASSERT_GE(heads, 1) << what;
+    ASSERT_LE(heads, std::min<int64_t>(2 * c.l2_heads, c.num_bh)) << what;
+    const int64_t old_span = snake_makespan(cost, c.num_bh, c.l2_heads, kGrid);
+    const int64_t span = snake_makespan(cost, c.num_bh, heads, kGrid);
+    EXPECT_GE(double(old_span) / mean, c.old_over_mean) << what;
+    EXPECT_LE(double(span) / mean, 1.04) << what;
+    EXPECT_LE(span * 100, old_span * 102) << what;
+  }
+}
+
+TEST(SectionBalance, EdgeCases) {
+  const std::vector<int32_t> cost = causal_costs(1024, 128, 128);
+  // One (batch, head), a grid of one CTA, a size the grid does not divide.
+  EXPECT_EQ(balanced_section_heads(cost, 1, 25, 132), 1);
+  EXPECT_GE(balanced_section_heads(cost, 40, 25, 1), 1);
+  EXPECT_LE(balanced_section_heads(cost, 40, 25, 7), 40);
+  // l2_heads past the pairs or under 1 is clamped.
+  EXPECT_LE(balanced_section_heads(cost, 10, 1000, 132), 10);
+  EXPECT_GE(balanced_section_heads(cost, 10, 0, 132), 1);
+  // Past kSectionModelTiles the model is not run: the L2's size.
+  const int64_t many = flashattn::kSectionModelTiles / int64_t(cost.size()) + 1;
+  EXPECT_EQ(balanced_section_heads(cost, many, 25, 132), 25);
+  EXPECT_EQ(balanced_section_heads({}, 40, 25, 132), 25);
+}
+
+}  // namespace
