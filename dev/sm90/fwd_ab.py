@@ -26,6 +26,11 @@ if len(sys.argv) > 2:
 else:
     shapes = [(128, c, s) for c in (0, 1) for s in (512, 1024, 2048, 4096, 8192, 16384)]
 N = int(os.environ.get("N", "20"))
+# FLUSH=1: L2 emptied before each timed call (256 MB written), as the library benchmark's do_bench does.
+flush = None
+if os.environ.get("FLUSH", "0") == "1":
+    _l2 = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    flush = _l2.zero_
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
 
 names = list(libs)
@@ -40,7 +45,7 @@ for shape in shapes:
     times = {n: [] for n in names}
     for r in range(ROUNDS):
         for n in names if r % 2 == 0 else names[::-1]:
-            times[n].append(median_ms(ours[n].forward, n=N))
+            times[n].append(median_ms(ours[n].forward, n=N, before=flush))
     fl = gb.flops(b, heads, s, s, d, bool(causal), False)
     tf = {n: fl / statistics.median(t) / 1e9 for n, t in times.items()}
     ratio = {n: statistics.median(a / b for a, b in zip(times[names[0]], times[n])) for n in names[1:]}

@@ -25,6 +25,16 @@ extern int* flashattn_sm90_watchdog;  // dev: set by dev/sm90/harness.cu
 #define FLASHATTN_SM90_SECTION_HEADS -1
 #endif
 
+// Dev switch: causal head_dim 128 up to this many keys on the short-key 2-warpgroup kernel (with_fwd_config).
+#ifndef FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS
+#define FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS 12288
+#endif
+
+// Dev switch: causal head_dim 128 and 256 from this many queries in one section (launch).
+#ifndef FLASHATTN_SM90_ONE_SECTION_Q
+#define FLASHATTN_SM90_ONE_SECTION_Q 8192
+#endif
+
 namespace flashattn::cuda::sm90 {
 
 // Causal tiles aligned to the end of the sequence instead of its start (FwdParams::row_shift: the
@@ -208,9 +218,10 @@ Status launch(const fa_params& p) {
   }
   // Causal, long sequences: tiles ordered longest first over all (batch, head) pairs (one L2
   // section) with the snake order balance the CTAs' work: measured +9-60% at head_dim >= 128 with
-  // seqlen 4k-16k (d256 causal 16k: 414 -> 655 TFLOP/s), but 20-25% slower at 512-2k; at head_dim
-  // 64 (3 consumer warpgroups) +5-8% at 8k-16k, 4% slower at 4k (docs/sm90.md, steps 7 and 9).
-  if (p.causal && p.seqlen_q >= (kHeadDim >= 128 ? 4096 : 8192)) {
+  // seqlen 4k-16k (d256 causal 16k: 414 -> 655 TFLOP/s) against the L2's sections, but 20-25% slower
+  // at 512-2k; at head_dim 64 (3 consumer warpgroups) +5-8% at 8k-16k, 4% slower at 4k (docs/sm90.md,
+  // steps 7 and 9). Below 8k queries the model's sections (below) read +5-12% at 4k, even at 6k (step 40).
+  if (p.causal && p.seqlen_q >= (kHeadDim >= 128 ? FLASHATTN_SM90_ONE_SECTION_Q : 8192)) {
     fp.heads_per_section = int32_t(num_bh);
     fp.snake_order = 1;
   }
@@ -249,8 +260,9 @@ Status launch(const fa_params& p) {
 //                 128 and the early rescale (docs/sm90.md, step 9). Causal past 1k rows: the 3
 //                 warpgroups with serial GEMMs and block_n 192, +3-10% at 2k-16k (step 13).
 //   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
-//                 seqlen_k 2k, and causal up to 12k keys (+3-5% causal at 4k-12k over the 3 warpgroups,
-//                 even at 16k, 3% slower at 16k with 32 heads: step 38);
+//                 seqlen_k 2k, and causal up to 12k keys (+3-13% at 2.5k-12k over the 3 warpgroups
+//                 with L2 flushed between calls, even at 4k and 16k, 3% slower at 16k with 32 heads:
+//                 steps 38, 40);
 //                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
 //                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
 //                 kernels of that time (block_n 128 and 176, before ping-pong and q in registers),
@@ -287,7 +299,8 @@ auto with_fwd_config(const fa_params& p, F&& f) {
     if (p.causal) return f(TraitsTag<Traits<64, kBf16, 192, false, false, 3, true>>{});
     return f(TraitsTag<Traits<64, kBf16, 128, false, false, 3>>{});
   } else if constexpr (kHeadDim == 128) {
-    if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= 12288)) return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
+    if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS))
+      return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
     // Without a mask every tile sees every key: the last round's tiles split (the last Traits argument).
     if (equal_tasks(p) && p.seqlen_q > 4096 && p.seqlen_k > 4096)
       return f(TraitsTag<Traits<128, kBf16, 144, false, false, 2, false, true>>{});
