@@ -25,7 +25,8 @@ inline int64_t snake_makespan(const std::vector<int32_t>& cost, int64_t num_bh, 
     for (const int32_t c : cost)
       for (int64_t left = heads; left > 0;) {  // `heads` tiles of cost c, in runs to the round's end
         const int32_t run = int32_t(std::min<int64_t>(left, grid - pos));
-        for (int32_t i = pos; i < pos + run; ++i) load[size_t(reverse ? grid - 1 - i : i)] += c;
+        int64_t* first_cta = load.data() + (reverse ? grid - pos - run : pos);  // the run's CTAs, a range
+        for (int32_t i = 0; i < run; ++i) first_cta[i] += c;
         left -= run;
         pos += run;
         if (pos == grid) {

@@ -63,9 +63,9 @@ int32_t causal_row_shift(const fa_params& p, int32_t num_m_blocks) {
 // Causal tiles of a (batch, head) differ in length, and the section size decides how the long ones fall on
 // the CTAs of each round: from the sizes whose k and v fit L2, the one the schedule's model balances best
 // (common/section_balance.hpp; a tile costs its key blocks + 2 there, for its loads and epilogue). l2_heads:
-// the heads whose k and v take half the L2. Measured +3-21% at head_dim 128 and 256 with 512-3k keys, even
-// at 64 (docs/sm90.md, step 40). The model runs once per problem: the last one's answer is kept (a
-// training loop repeats them).
+// the heads whose k and v take half the L2. Measured +3-25% at head_dim 128 and 256 with 512-4k keys, even
+// at 64 (docs/sm90.md, step 40). The model costs the host about 1 ns a tile and candidate (10-60 us at
+// 1k-4k tiles), so it runs once per problem: the answers for the last four are kept.
 template <class T>
 int32_t causal_section_heads(const fa_params& p, const FwdParams& fp, int64_t num_bh, int64_t l2_heads, int32_t grid) {
   struct Key {
@@ -73,10 +73,15 @@ int32_t causal_section_heads(const fa_params& p, const FwdParams& fp, int64_t nu
     int64_t num_bh, l2_heads;
     bool operator==(const Key&) const = default;
   };
-  static thread_local Key last_key{};
-  static thread_local int32_t last_heads = 0;
+  struct Entry {
+    Key key{};
+    int32_t heads = 0;  // 0: empty
+  };
+  static thread_local Entry memo[4];  // the last problems' answers, replaced round-robin
+  static thread_local int next = 0;
   const Key key{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, grid, num_bh, l2_heads};
-  if (last_heads > 0 && key == last_key) return last_heads;
+  for (const Entry& e : memo)
+    if (e.heads > 0 && e.key == key) return e.heads;
   const Mask mask(p.seqlen_q, p.seqlen_k, true, p.window_left, p.window_right);
   std::vector<int32_t> cost(size_t(fp.num_m_blocks));  // in run order: the last m_block first
   for (int32_t i = 0; i < fp.num_m_blocks; ++i) {
@@ -84,9 +89,11 @@ int32_t causal_section_heads(const fa_params& p, const FwdParams& fp, int64_t nu
     key_block_range<T::kBlockM, T::kBlockN>((fp.num_m_blocks - 1 - i) * T::kBlockM - fp.row_shift, mask, n_begin, n_end);
     cost[size_t(i)] = n_end - n_begin + 2;
   }
-  last_heads = int32_t(balanced_section_heads(cost, num_bh, l2_heads, grid));
-  last_key = key;
-  return last_heads;
+  Entry& e = memo[next];
+  next = (next + 1) % 4;
+  e.key = key;
+  e.heads = int32_t(balanced_section_heads(cost, num_bh, l2_heads, grid));
+  return e.heads;
 }
 
 // The last round's split (tail_stream, common/last_round_split.hpp) of a problem whose tiles all visit
