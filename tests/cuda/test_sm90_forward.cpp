@@ -68,8 +68,8 @@ std::vector<Case> sm90_forward_cases() {
       }
     }
     // Causal with many query rows: head_dim 64 past 1k rows runs 3 consumer warpgroups (192-row
-    // tiles, block_n 192, serial GEMMs), and from 8k rows (4k at head_dim 128) the tiles go longest
-    // first over all heads.
+    // tiles, block_n 192, serial GEMMs), and from 8k rows the tiles go longest first over all heads
+    // (below, in sections sized by the schedule's model: launch_template.cuh).
     Case c;
     c.dtype = dt, c.head_dim = 64, c.batch = 2, c.seqlen_q = 1500, c.seqlen_k = 1700, c.num_heads = 4;
     c.num_heads_kv = 2, c.causal = true;

@@ -30,11 +30,6 @@ extern int* flashattn_sm90_watchdog;  // dev: set by dev/sm90/harness.cu
 #define FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS 12288
 #endif
 
-// Dev switch: causal head_dim 128 and 256 from this many queries in one section (launch).
-#ifndef FLASHATTN_SM90_ONE_SECTION_Q
-#define FLASHATTN_SM90_ONE_SECTION_Q 8192
-#endif
-
 namespace flashattn::cuda::sm90 {
 
 // Causal tiles aligned to the end of the sequence instead of its start (FwdParams::row_shift: the
@@ -227,8 +222,9 @@ Status launch(const fa_params& p) {
   // section) with the snake order balance the CTAs' work: measured +9-60% at head_dim >= 128 with
   // seqlen 4k-16k (d256 causal 16k: 414 -> 655 TFLOP/s) against the L2's sections, but 20-25% slower
   // at 512-2k; at head_dim 64 (3 consumer warpgroups) +5-8% at 8k-16k, 4% slower at 4k (docs/sm90.md,
-  // steps 7 and 9). Below 8k queries the model's sections (below) read +5-12% at 4k, even at 6k (step 40).
-  if (p.causal && p.seqlen_q >= (kHeadDim >= 128 ? FLASHATTN_SM90_ONE_SECTION_Q : 8192)) {
+  // steps 7 and 9). From 8k queries on: below, the model's sections (next) read +5-12% at 4k at head_dim
+  // 128 and 256, even at 6k, and 8-16% slower at 12k-16k (step 40).
+  if (p.causal && p.seqlen_q >= 8192) {
     fp.heads_per_section = int32_t(num_bh);
     fp.snake_order = 1;
   }
