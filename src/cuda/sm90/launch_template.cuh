@@ -223,7 +223,7 @@ Status launch(const fa_params& p) {
   // seqlen 4k-16k (d256 causal 16k: 414 -> 655 TFLOP/s) against the L2's sections, but 20-25% slower
   // at 512-2k; at head_dim 64 (3 consumer warpgroups) +5-8% at 8k-16k, 4% slower at 4k (docs/sm90.md,
   // steps 7 and 9). From 8k queries on: below, the model's sections (next) read +5-12% at 4k at head_dim
-  // 128 and 256, even at 6k, and 8-16% slower at 12k-16k (step 40).
+  // 128 and 256, even at 6k, and 8-37% slower at 12k-16k, 16% at d256 8k (step 40).
   if (p.causal && p.seqlen_q >= 8192) {
     fp.heads_per_section = int32_t(num_bh);
     fp.snake_order = 1;
