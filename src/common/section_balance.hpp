@@ -38,8 +38,8 @@ inline int64_t snake_makespan(const std::vector<int32_t>& cost, int64_t num_bh, 
   return *std::max_element(load.begin(), load.end());
 }
 
-// Tiles past which balanced_section_heads keeps l2_heads (its model then costs the host too much per call;
-// so many rounds even out anyway).
+// Tiles past which balanced_section_heads keeps l2_heads unmeasured: the model would cost the host about a
+// millisecond on a problem's first call.
 constexpr int64_t kSectionModelTiles = int64_t(1) << 16;
 
 // The section size, in (batch, head) pairs, whose schedule has the smallest makespan. l2_heads: the heads

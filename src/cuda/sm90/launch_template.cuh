@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <vector>
 
 #include "common/last_round_split.hpp"
 #include "common/layout.hpp"
@@ -32,6 +34,20 @@ extern int* flashattn_sm90_watchdog;  // dev: set by dev/sm90/harness.cu
 
 namespace flashattn::cuda::sm90 {
 
+// The key blocks each tile of a (batch, head) visits (key_block_range), m_block 0 first; the tiles start
+// row_shift rows before row 0 (FwdParams::row_shift).
+template <class T>
+std::vector<int32_t> tile_key_blocks(const fa_params& p, int32_t num_m_blocks, int32_t row_shift) {
+  const Mask mask(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, p.window_right);
+  std::vector<int32_t> blocks(static_cast<size_t>(num_m_blocks));
+  for (int32_t m = 0; m < num_m_blocks; ++m) {
+    int32_t n_begin, n_end;
+    key_block_range<T::kBlockM, T::kBlockN>(m * T::kBlockM - row_shift, mask, n_begin, n_end);
+    blocks[size_t(m)] = n_end - n_begin;
+  }
+  return blocks;
+}
+
 // Causal tiles aligned to the end of the sequence instead of its start (FwdParams::row_shift: the
 // first tile overhangs row 0 by the rows the last one would have past the end) where that visits
 // fewer key blocks: the partial tile is then the one that sees the fewest keys. It pays with
@@ -42,15 +58,9 @@ template <class T>
 int32_t causal_row_shift(const fa_params& p, int32_t num_m_blocks) {
   const int32_t pad = num_m_blocks * T::kBlockM - p.seqlen_q;
   if (!p.causal || is_varlen(p) || pad == 0 || T::kBlockM % T::kBlockN == 0) return 0;
-  const Mask mask(p.seqlen_q, p.seqlen_k, true, p.window_left, p.window_right);
-  auto key_blocks = [&](int32_t shift) {  // the tiles' key_block_range, summed
-    int64_t total = 0;
-    for (int32_t m = 0; m < num_m_blocks; ++m) {
-      int32_t n_begin, n_end;
-      key_block_range<T::kBlockM, T::kBlockN>(m * T::kBlockM - shift, mask, n_begin, n_end);
-      total += n_end - n_begin;
-    }
-    return total;
+  auto key_blocks = [&](int32_t shift) {
+    const std::vector<int32_t> blocks = tile_key_blocks<T>(p, num_m_blocks, shift);
+    return std::accumulate(blocks.begin(), blocks.end(), int64_t(0));
   };
   return key_blocks(pad) < key_blocks(0) ? pad : 0;
 }
@@ -77,13 +87,10 @@ int32_t causal_section_heads(const fa_params& p, const FwdParams& fp, int64_t nu
   const Key key{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, grid, num_bh, l2_heads};
   for (const Entry& e : memo)
     if (e.heads > 0 && e.key == key) return e.heads;
-  const Mask mask(p.seqlen_q, p.seqlen_k, true, p.window_left, p.window_right);
-  std::vector<int32_t> cost(size_t(fp.num_m_blocks));  // in run order: the last m_block first
-  for (int32_t i = 0; i < fp.num_m_blocks; ++i) {
-    int32_t n_begin, n_end;
-    key_block_range<T::kBlockM, T::kBlockN>((fp.num_m_blocks - 1 - i) * T::kBlockM - fp.row_shift, mask, n_begin, n_end);
-    cost[size_t(i)] = n_end - n_begin + 2;
-  }
+  // In run order (the last m_block first), each tile's key blocks + 2.
+  std::vector<int32_t> cost = tile_key_blocks<T>(p, fp.num_m_blocks, fp.row_shift);
+  std::reverse(cost.begin(), cost.end());
+  for (int32_t& c : cost) c += 2;
   Entry& e = memo[next];
   next = (next + 1) % 4;
   e.key = key;
