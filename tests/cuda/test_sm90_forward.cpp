@@ -67,9 +67,10 @@ std::vector<Case> sm90_forward_cases() {
         out.push_back(e);
       }
     }
-    // Causal with many query rows: head_dim 64 past 1k rows runs 3 consumer warpgroups (192-row
-    // tiles, block_n 192, serial GEMMs), and from 8k rows the tiles go longest first over all heads
-    // (below, in sections sized by the schedule's model: launch_template.cuh).
+    // Causal with many query rows: head_dim 64 below 8k rows runs the kernel whose tiles compute the
+    // fewest scores (hdim64_causal_kernel: 1500 x 1700 the 3 consumer warpgroups with block_n 128, 384 x
+    // 384 the serial ones with block_n 192), from 8k rows the serial one, its tiles longest first over
+    // all heads (below, in sections sized by the schedule's model: launch_template.cuh).
     Case c;
     c.dtype = dt, c.head_dim = 64, c.batch = 2, c.seqlen_q = 1500, c.seqlen_k = 1700, c.num_heads = 4;
     c.num_heads_kv = 2, c.causal = true;
@@ -83,6 +84,9 @@ std::vector<Case> sm90_forward_cases() {
     c.window_left = 250, c.softcap = 30.f;
     out.push_back(c);
     c.window_left = -1, c.softcap = 0.f;
+    Case serial = fa_test::make_case(dt, 3, 384, 384, 4, 2, 64);
+    serial.causal = true;
+    out.push_back(serial);
     if (dt == FA_BFLOAT16) {
       c.batch = 1, c.seqlen_q = c.seqlen_k = 8200, c.num_heads = c.num_heads_kv = 1;
       out.push_back(c);

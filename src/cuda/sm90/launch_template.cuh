@@ -265,10 +265,10 @@ Status launch(const fa_params& p) {
 // per-tile prologue and epilogue weigh (short sequences) or, for causal, where tiles are short.
 //   head_dim 64:  3 consumer warpgroups (block_m 192) with block_n 128 and the rescale after the
 //                 wait: +8-15% non-causal at every seqlen, +3-10% causal at 2k-4k over 2 warpgroups
-//                 (either block_n); short causal (up to 1k rows: 192-row tiles waste more on the
-//                 diagonal, 5-10% slower) and single-tile problems keep 2 warpgroups with block_n
-//                 128 and the early rescale (docs/sm90.md, step 9). Causal past 1k rows: the 3
-//                 warpgroups with serial GEMMs and block_n 192, +3-10% at 2k-16k (step 13).
+//                 (either block_n); single-tile problems keep 2 warpgroups with block_n 128 and the
+//                 early rescale (docs/sm90.md, step 9). Causal from 8k rows: the 3 warpgroups with
+//                 serial GEMMs and block_n 192 (step 13); below, of those three kernels, the one
+//                 whose tiles compute the fewest scores (hdim64_causal_kernel, step 43).
 //   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
 //                 seqlen_k 2k, and causal up to 12k keys (+3-13% at 2.5k-12k over the 3 warpgroups
 //                 with L2 flushed between calls, even at 4k and 16k, 3% slower at 16k with 32 heads:
@@ -291,6 +291,31 @@ struct TraitsTag {
   using type = T;
 };
 
+// The scores a causal problem's tiles compute, masked ones included: query rows x keys of the key
+// blocks each tile visits (per (batch, head); the tiles aligned as launch() aligns them).
+template <class T>
+double causal_tile_scores(const fa_params& p) {
+  const int32_t num_m_blocks = int32_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
+  const std::vector<int32_t> blocks = tile_key_blocks<T>(p, num_m_blocks, causal_row_shift<T>(p, num_m_blocks));
+  return double(std::accumulate(blocks.begin(), blocks.end(), int64_t(0))) * T::kBlockM * T::kBlockN;
+}
+
+// Causal head_dim 64 below 8k queries: which of the three kernels (2 warpgroups; 3 with block_n 128; 3
+// serial with block_n 192) computes the fewest scores, the 2-warpgroup kernel's counted 1.16x (its
+// softmax has no third warpgroup's GEMMs to hide behind: 1.11-1.19x the time per score of the 3-warpgroup
+// kernels at 384-1k keys, the two 3-warpgroup kernels within 2% of each other per score). The tiles'
+// quantization decides: 192-row tiles overhang the sequence, block_n 192 wastes less of the diagonal
+// where 192 divides the length. Measured against 2 warpgroups up to 1k and serial above (docs/sm90.md,
+// step 43): +1-3% at 768-2k, +4% at 4k, +11% at 700 keys, even at 256-640.
+enum class Hdim64Causal { kTwoWarpgroups, kThreeWarpgroups, kSerial };
+template <class TwoWg, class ThreeWg, class Serial>
+Hdim64Causal hdim64_causal_kernel(const fa_params& p) {
+  const double two = 1.16 * causal_tile_scores<TwoWg>(p), three = causal_tile_scores<ThreeWg>(p),
+               serial = causal_tile_scores<Serial>(p);
+  if (two <= std::min(three, serial)) return Hdim64Causal::kTwoWarpgroups;
+  return three < serial ? Hdim64Causal::kThreeWarpgroups : Hdim64Causal::kSerial;
+}
+
 // Calls f(TraitsTag<T>{}) with the configuration T of p (the table above).
 template <int kHeadDim, bool kBf16, class F>
 auto with_fwd_config(const fa_params& p, F&& f) {
@@ -305,9 +330,17 @@ auto with_fwd_config(const fa_params& p, F&& f) {
                             bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers, FLASHATTN_SM90_SERIAL && kConsumers == 3>>{});
 #else
   if constexpr (kHeadDim == 64) {
-    if (p.seqlen_q <= 128 || (p.causal && p.seqlen_q <= 1024)) return f(TraitsTag<Traits<64, kBf16, 128, true>>{});
-    if (p.causal) return f(TraitsTag<Traits<64, kBf16, 192, false, false, 3, true>>{});
-    return f(TraitsTag<Traits<64, kBf16, 128, false, false, 3>>{});
+    using TwoWg = Traits<64, kBf16, 128, true>;
+    using ThreeWg = Traits<64, kBf16, 128, false, false, 3>;
+    using Serial = Traits<64, kBf16, 192, false, false, 3, true>;
+    if (p.seqlen_q <= 128) return f(TraitsTag<TwoWg>{});
+    if (!p.causal) return f(TraitsTag<ThreeWg>{});
+    if (p.seqlen_q >= 8192) return f(TraitsTag<Serial>{});
+    switch (hdim64_causal_kernel<TwoWg, ThreeWg, Serial>(p)) {
+      case Hdim64Causal::kTwoWarpgroups: return f(TraitsTag<TwoWg>{});
+      case Hdim64Causal::kThreeWarpgroups: return f(TraitsTag<ThreeWg>{});
+      default: return f(TraitsTag<Serial>{});
+    }
   } else if constexpr (kHeadDim == 128) {
     if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS))
       return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
