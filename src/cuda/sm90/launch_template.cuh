@@ -306,7 +306,7 @@ double causal_tile_scores(const fa_params& p) {
 // kernels at 384-1k keys, the two 3-warpgroup kernels within 2% of each other per score). The tiles'
 // quantization decides: 192-row tiles overhang the sequence, block_n 192 wastes less of the diagonal
 // where 192 divides the length. Measured against 2 warpgroups up to 1k and serial above (docs/sm90.md,
-// step 43): +1-3% at 768-2k, +4% at 4k, +11% at 700 keys, even at 256-640.
+// step 43): +6-7% at 384 and 768 keys, +11% at 700, +1-3% at 1k-2.5k, +6% at 4k, even elsewhere.
 enum class Hdim64Causal { kTwoWarpgroups, kThreeWarpgroups, kSerial };
 template <class TwoWg, class ThreeWg, class Serial>
 Hdim64Causal hdim64_causal_kernel(const fa_params& p) {
