@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include "common/last_round_split.hpp"
 #include "common/layout.hpp"
 #include "common/section_balance.hpp"
+#include "common/tile_geometry.hpp"
 #include "cuda/common.cuh"
 #include "cuda/sm90/kernel.cuh"
 #include "cuda/sm90/launch.hpp"
@@ -34,35 +34,19 @@ extern int* flashattn_sm90_watchdog;  // dev: set by dev/sm90/harness.cu
 
 namespace flashattn::cuda::sm90 {
 
-// The key blocks each tile of a (batch, head) visits (key_block_range), m_block 0 first; the tiles start
-// row_shift rows before row 0 (FwdParams::row_shift).
-template <class T>
-std::vector<int32_t> tile_key_blocks(const fa_params& p, int32_t num_m_blocks, int32_t row_shift) {
-  const Mask mask(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, p.window_right);
-  std::vector<int32_t> blocks(static_cast<size_t>(num_m_blocks));
-  for (int32_t m = 0; m < num_m_blocks; ++m) {
-    int32_t n_begin, n_end;
-    key_block_range<T::kBlockM, T::kBlockN>(m * T::kBlockM - row_shift, mask, n_begin, n_end);
-    blocks[size_t(m)] = n_end - n_begin;
-  }
-  return blocks;
+// The mask of p's sequences (with varlen: of the longest).
+inline Mask mask_of(const fa_params& p) {
+  return Mask(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, p.window_right);
 }
 
-// Causal tiles aligned to the end of the sequence instead of its start (FwdParams::row_shift: the
-// first tile overhangs row 0 by the rows the last one would have past the end) where that visits
-// fewer key blocks: the partial tile is then the one that sees the fewest keys. It pays with
-// 192-row tiles over 128-key blocks (head_dim 128, 3 consumer warpgroups): at 4k, 363 key blocks a
-// (batch, head) instead of 384, measured +5%. Where block_m is a multiple of block_n the count is
-// the same either way. Fixed-length batches only (varlen tiles start at their sequence's row 0).
+// Causal tiles aligned to the end of the sequence instead of its start where that visits fewer key blocks
+// (end_aligned_row_shift, common/tile_geometry.hpp; FwdParams::row_shift). It pays with 192-row tiles over
+// 128-key blocks (head_dim 128, 3 consumer warpgroups): at 4k, 363 key blocks a (batch, head) instead of
+// 384, measured +5%. Fixed-length batches only (varlen tiles start at their sequence's row 0).
 template <class T>
-int32_t causal_row_shift(const fa_params& p, int32_t num_m_blocks) {
-  const int32_t pad = num_m_blocks * T::kBlockM - p.seqlen_q;
-  if (!p.causal || is_varlen(p) || pad == 0 || T::kBlockM % T::kBlockN == 0) return 0;
-  auto key_blocks = [&](int32_t shift) {
-    const std::vector<int32_t> blocks = tile_key_blocks<T>(p, num_m_blocks, shift);
-    return std::accumulate(blocks.begin(), blocks.end(), int64_t(0));
-  };
-  return key_blocks(pad) < key_blocks(0) ? pad : 0;
+int32_t causal_row_shift(const fa_params& p) {
+  if (!p.causal || is_varlen(p)) return 0;
+  return end_aligned_row_shift<T::kBlockM, T::kBlockN>(mask_of(p));
 }
 
 // Causal tiles of a (batch, head) differ in length, and the section size decides how the long ones fall on
@@ -88,7 +72,7 @@ int32_t causal_section_heads(const fa_params& p, const FwdParams& fp, int64_t nu
   for (const Entry& e : memo)
     if (e.heads > 0 && e.key == key) return e.heads;
   // In run order (the last m_block first), each tile's key blocks + 2.
-  std::vector<int32_t> cost = tile_key_blocks<T>(p, fp.num_m_blocks, fp.row_shift);
+  std::vector<int32_t> cost = tile_key_blocks<T::kBlockM, T::kBlockN>(mask_of(p), fp.num_m_blocks, fp.row_shift);
   std::reverse(cost.begin(), cost.end());
   for (int32_t& c : cost) c += 2;
   Entry& e = memo[next];
@@ -183,7 +167,7 @@ Status launch(const fa_params& p) {
   fp.watchdog = flashattn_sm90_watchdog;
 #endif
   fp.num_m_blocks = int32_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
-  fp.row_shift = causal_row_shift<T>(p, fp.num_m_blocks);
+  fp.row_shift = causal_row_shift<T>(p);
   const int64_t num_bh = int64_t(p.batch) * p.num_heads;
   const int64_t num_tiles = num_bh * fp.num_m_blocks;
   if (num_tiles >= (int64_t(1) << 31) - (int64_t(1) << 16)) return unsupported("flashattn-sm90: %lld tiles", (long long)num_tiles);
@@ -268,7 +252,8 @@ Status launch(const fa_params& p) {
 //                 (either block_n); single-tile problems keep 2 warpgroups with block_n 128 and the
 //                 early rescale (docs/sm90.md, step 9). Causal from 8k rows: the 3 warpgroups with
 //                 serial GEMMs and block_n 192 (step 13); below, of those three kernels, the one
-//                 whose tiles compute the fewest scores (hdim64_causal_kernel, step 43).
+//                 whose tiles compute the fewest scores (hdim64_causal_kernel, common/tile_geometry.hpp:
+//                 +1-11% at 384-4k keys, step 43).
 //   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
 //                 seqlen_k 2k, and causal up to 12k keys (+3-13% at 2.5k-12k over the 3 warpgroups
 //                 with L2 flushed between calls, even at 4k and 16k, 3% slower at 16k with 32 heads:
@@ -291,31 +276,6 @@ struct TraitsTag {
   using type = T;
 };
 
-// The scores a causal problem's tiles compute, masked ones included: query rows x keys of the key
-// blocks each tile visits (per (batch, head); the tiles aligned as launch() aligns them).
-template <class T>
-double causal_tile_scores(const fa_params& p) {
-  const int32_t num_m_blocks = int32_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
-  const std::vector<int32_t> blocks = tile_key_blocks<T>(p, num_m_blocks, causal_row_shift<T>(p, num_m_blocks));
-  return double(std::accumulate(blocks.begin(), blocks.end(), int64_t(0))) * T::kBlockM * T::kBlockN;
-}
-
-// Causal head_dim 64 below 8k queries: which of the three kernels (2 warpgroups; 3 with block_n 128; 3
-// serial with block_n 192) computes the fewest scores, the 2-warpgroup kernel's counted 1.16x (its
-// softmax has no third warpgroup's GEMMs to hide behind: 1.11-1.19x the time per score of the 3-warpgroup
-// kernels at 384-1k keys, the two 3-warpgroup kernels within 2% of each other per score). The tiles'
-// quantization decides: 192-row tiles overhang the sequence, block_n 192 wastes less of the diagonal
-// where 192 divides the length. Measured against 2 warpgroups up to 1k and serial above (docs/sm90.md,
-// step 43): +6-7% at 384 and 768 keys, +11% at 700, +1-3% at 1k-2.5k, +6% at 4k, even elsewhere.
-enum class Hdim64Causal { kTwoWarpgroups, kThreeWarpgroups, kSerial };
-template <class TwoWg, class ThreeWg, class Serial>
-Hdim64Causal hdim64_causal_kernel(const fa_params& p) {
-  const double two = 1.16 * causal_tile_scores<TwoWg>(p), three = causal_tile_scores<ThreeWg>(p),
-               serial = causal_tile_scores<Serial>(p);
-  if (two <= std::min(three, serial)) return Hdim64Causal::kTwoWarpgroups;
-  return three < serial ? Hdim64Causal::kThreeWarpgroups : Hdim64Causal::kSerial;
-}
-
 // Calls f(TraitsTag<T>{}) with the configuration T of p (the table above).
 template <int kHeadDim, bool kBf16, class F>
 auto with_fwd_config(const fa_params& p, F&& f) {
@@ -333,10 +293,14 @@ auto with_fwd_config(const fa_params& p, F&& f) {
     using TwoWg = Traits<64, kBf16, 128, true>;
     using ThreeWg = Traits<64, kBf16, 128, false, false, 3>;
     using Serial = Traits<64, kBf16, 192, false, false, 3, true>;
+    using Tiles = Hdim64CausalTiles;  // the model's tile shapes are these kernels'
+    static_assert(TwoWg::kBlockM == Tiles::kTwoM && TwoWg::kBlockN == Tiles::kTwoN &&
+                  ThreeWg::kBlockM == Tiles::kThreeM && ThreeWg::kBlockN == Tiles::kThreeN &&
+                  Serial::kBlockM == Tiles::kSerialM && Serial::kBlockN == Tiles::kSerialN);
     if (p.seqlen_q <= 128) return f(TraitsTag<TwoWg>{});
     if (!p.causal) return f(TraitsTag<ThreeWg>{});
     if (p.seqlen_q >= 8192) return f(TraitsTag<Serial>{});
-    switch (hdim64_causal_kernel<TwoWg, ThreeWg, Serial>(p)) {
+    switch (hdim64_causal_kernel(mask_of(p), !is_varlen(p))) {
       case Hdim64Causal::kTwoWarpgroups: return f(TraitsTag<TwoWg>{});
       case Hdim64Causal::kThreeWarpgroups: return f(TraitsTag<ThreeWg>{});
       default: return f(TraitsTag<Serial>{});

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "common/mask.hpp"
+#include "common/tile_geometry.hpp"
 #include "cuda/sm90/params.cuh"
 
 namespace flashattn::cuda::sm90 {
@@ -113,22 +114,12 @@ __device__ __forceinline__ bool next_tile(int32_t& r, const FwdParams& p, Tile& 
   return false;
 }
 
-// The key blocks [n_begin, n_end) a tile of block_m rows from row0 (of those, the rows in [0,
-// mask.seqlen_q)) must visit, from the mask of its rows. Also on the host (causal_row_shift).
-template <int kBlockM, int kBlockN>
-__host__ __device__ __forceinline__ void key_block_range(int32_t row0, const Mask& mask, int32_t& n_begin,
-                                                         int32_t& n_end) {
-  const int64_t first_row = row0 > 0 ? row0 : 0;
-  const int64_t end_row = int64_t(row0) + kBlockM < mask.seqlen_q ? int64_t(row0) + kBlockM : mask.seqlen_q;
-  const int64_t key_begin = mask.key_begin(first_row), key_end = mask.key_end(end_row - 1);
-  n_begin = int32_t(key_begin / kBlockN);
-  n_end = key_end > key_begin ? int32_t((key_end + kBlockN - 1) / kBlockN) : n_begin;
-}
+// The key blocks [n_begin, n_end) a tile visits (common/tile_geometry.hpp, shared with the host's choices).
 // A piece of a split tile runs its part of them (split tiles visit all their key blocks: no mask).
 template <int kBlockM, int kBlockN, bool kSplit>
 __device__ __forceinline__ void key_block_range(const Tile& tile, const Mask& mask, const FwdParams& p,
                                                 int32_t& n_begin, int32_t& n_end) {
-  key_block_range<kBlockM, kBlockN>(tile.row0, mask, n_begin, n_end);
+  flashattn::key_block_range<kBlockM, kBlockN>(tile.row0, mask, n_begin, n_end);
   if (kSplit && tile.tail_task >= 0) {
     TailPiece piece;
     tail_piece_of(tile.tail_task, p, piece);
