@@ -166,7 +166,7 @@ Status launch(const fa_params& p) {
 #if FLASHATTN_SM90_WATCHDOG
   fp.watchdog = flashattn_sm90_watchdog;
 #endif
-  fp.num_m_blocks = int32_t((p.seqlen_q + T::kBlockM - 1) / T::kBlockM);
+  fp.num_m_blocks = num_m_blocks<T::kBlockM>(mask_of(p));
   fp.row_shift = causal_row_shift<T>(p);
   const int64_t num_bh = int64_t(p.batch) * p.num_heads;
   const int64_t num_tiles = num_bh * fp.num_m_blocks;
