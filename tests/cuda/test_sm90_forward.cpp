@@ -109,11 +109,12 @@ std::vector<Case> sm90_forward_cases() {
       w.batch = 3, w.seqlen_q = 4200, w.seqlen_k = 4400;
       out.push_back(w);
     }
-    // Head_dim 128 without a mask past 4k queries and keys (2 consumer warpgroups, block_n 144, q in
-    // registers): partial last m-block and key block, GQA, softcap.
+    // Head_dim 128 without a mask past 2k queries and keys (2 consumer warpgroups, block_n 144, q in
+    // registers): partial last m-block and key block, GQA, softcap; 2k-4k as well.
     Case n = fa_test::make_case(dt, 1, 4150, 4999, 3, 1, 128);
     n.softcap = 30.f;
     out.push_back(n);
+    out.push_back(fa_test::make_case(dt, 2, 2100, 3000, 4, 2, 128));
     // Its optimistic softmax (mainloop.cuh) where its check fails: scores that keep raising rows' maxima
     // after the first key block, by more than 2^8 in P (scale 0.6) and by 2^128 and more (scale 8: P
     // overflows). The warpgroup issues S again and takes the full softmax.
@@ -158,7 +159,7 @@ int heads_leaving(int sms, int m_blocks, bool more, int from) {
 // round and every tile visits every key block, the last tiles run as one stream of key blocks cut into
 // a segment per SM (or equal pieces, for few tiles) whose partial O, row max and row sum merge in the
 // workspace. The kernels that split: head_dim 128 past 2k keys (192-row tiles, 3 consumer warpgroups)
-// and, past 4k queries and keys, block_n 144 on 2 warpgroups (128-row tiles, q in registers, the staged
+// and, past 2k queries and keys, block_n 144 on 2 warpgroups (128-row tiles, q in registers, the staged
 // epilogue). Shapes sized from this GPU's SM count: one tile a head over all SMs + 1 or + 3 (8 equal
 // pieces), fewer tiles than SMs (partial m-blocks), more than half a round left (pieces of two tiles
 // in a segment) and less; a partial last key block, GQA, MQA, softcap, a larger scale.
@@ -205,7 +206,7 @@ TEST(Sm90Forward, LastRoundSplitMatchesReference) {
 }
 
 // The split tiles' pieces merge in piece order whichever finishes last: two calls give the same bits, on
-// both kernels that split (3 consumer warpgroups; block_n 144 past 4k queries and keys).
+// both kernels that split (3 consumer warpgroups; block_n 144 past 2k queries and keys).
 TEST(Sm90Forward, LastRoundSplitIsDeterministic) {
   if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
   int dev = 0, sms = 0;

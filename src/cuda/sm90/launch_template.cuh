@@ -262,11 +262,11 @@ Status launch(const fa_params& p) {
 //                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
 //                 kernels of that time (block_n 128 and 176, before ping-pong and q in registers),
 //                 8-25% slower at shorter lengths (docs/sm90.md, steps 6, 8, 9, 13). Without a
-//                 mask (equal_tasks) past 4k queries and keys: 2
-//                 warpgroups with block_n 144 and q in registers, +2-3% at 8k-16k over the 3
-//                 warpgroups and their last-round split, even at 4k, 9% slower causal at 8k (step
-//                 28). Problems without a mask split the last round's tiles (the 3-warpgroup kernel in
-//                 an instantiation of its own: step 29).
+//                 mask (equal_tasks) past 2k queries and keys: 2 warpgroups with block_n 144 and q
+//                 in registers, +2-3% at 8k-16k over the 3 warpgroups and their last-round split,
+//                 9% slower causal at 8k (step 28); with the optimistic softmax (steps 36-37) +7-10%
+//                 at 2.5k-4k too (step 44). Problems without a mask split the last round's tiles (the
+//                 3-warpgroup kernel in an instantiation of its own: step 29).
 //   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
 //                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
 //                 (+16-27% at 512 keys, epilogue.cuh); block_n 80 (no room left for the slab)
@@ -309,7 +309,7 @@ auto with_fwd_config(const fa_params& p, F&& f) {
     if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS))
       return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
     // Without a mask every tile sees every key: the last round's tiles split (the last Traits argument).
-    if (equal_tasks(p) && p.seqlen_q > 4096 && p.seqlen_k > 4096)
+    if (equal_tasks(p) && p.seqlen_q > 2048 && p.seqlen_k > 2048)
       return f(TraitsTag<Traits<128, kBf16, 144, false, false, 2, false, true>>{});
     if (equal_tasks(p)) return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true, true>>{});
     return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true>>{});
