@@ -255,9 +255,10 @@ Status launch(const fa_params& p) {
 //                 whose tiles compute the fewest scores (hdim64_causal_kernel, common/tile_geometry.hpp:
 //                 +1-11% at 384-4k keys, step 43).
 //   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
-//                 seqlen_k 2k, and causal up to 12k keys (+3-13% at 2.5k-12k over the 3 warpgroups
-//                 with L2 flushed between calls, even at 4k and 16k, 3% slower at 16k with 32 heads:
-//                 steps 38, 40);
+//                 seqlen_k 2k (without a mask with the optimistic softmax: +1-5% at 512-2k, step 45;
+//                 the block_n 144 kernel measured 3-17% slower there), and causal up to 12k keys
+//                 (+3-13% at 2.5k-12k over the 3 warpgroups with L2 flushed between calls, even at 4k
+//                 and 16k, 3% slower at 16k with 32 heads: steps 38, 40);
 //                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
 //                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
 //                 kernels of that time (block_n 128 and 176, before ping-pong and q in registers),
@@ -287,7 +288,8 @@ auto with_fwd_config(const fa_params& p, F&& f) {
                              : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_CONSUMERS
                                                : 2;
   return f(TraitsTag<Traits<kHeadDim, kBf16, kBlockN, bool(FLASHATTN_SM90_RESCALE_EARLY),
-                            bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers, FLASHATTN_SM90_SERIAL && kConsumers == 3>>{});
+                            bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers, FLASHATTN_SM90_SERIAL && kConsumers == 3,
+                            false, kBlockN == 144>>{});
 #else
   if constexpr (kHeadDim == 64) {
     using TwoWg = Traits<64, kBf16, 128, true>;
@@ -306,11 +308,15 @@ auto with_fwd_config(const fa_params& p, F&& f) {
       default: return f(TraitsTag<Serial>{});
     }
   } else if constexpr (kHeadDim == 128) {
-    if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS))
+    const bool no_mask = !p.causal && p.window_left < 0 && p.window_right < 0;
+    if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS)) {
+      if (no_mask) return f(TraitsTag<Traits<128, kBf16, 128, true, false, 2, false, false, true>>{});
       return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
-    // Without a mask every tile sees every key: the last round's tiles split (the last Traits argument).
+    }
+    // Without a mask every tile sees every key: the last round's tiles split (the next-to-last Traits
+    // argument).
     if (equal_tasks(p) && p.seqlen_q > 2048 && p.seqlen_k > 2048)
-      return f(TraitsTag<Traits<128, kBf16, 144, false, false, 2, false, true>>{});
+      return f(TraitsTag<Traits<128, kBf16, 144, false, false, 2, false, true, true>>{});
     if (equal_tasks(p)) return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true, true>>{});
     return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true>>{});
   } else {

@@ -188,7 +188,7 @@ constexpr int kMaxTailPieces = 8;
 // head_dim 128 kernels of long keys for problems without a mask, a separate instantiation (the causal
 // 3-warpgroup kernel with the split's code compiled in read 4% slower at 16k: docs/sm90.md, step 29).
 template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_, bool kTileOverlap_ = false,
-          int kConsumers_ = 2, bool kSerial_ = false, bool kTailSplit_ = false>
+          int kConsumers_ = 2, bool kSerial_ = false, bool kTailSplit_ = false, bool kOptimisticMax_ = false>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kBf16 = kBf16_;
@@ -245,11 +245,12 @@ struct Traits {
   // + q 32 floats a thread; 160 spills and serializes the wgmma).
   static constexpr bool kQInRegisters =
       FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && kBlockN <= 144 && kConsumerWarpgroups == 2;
-  // The optimistic softmax (Consumer::optimistic_softmax) in the steady state of the block_n 144 kernel
-  // (head_dim 128, no mask, long): +6.5% at 16k, +4.4% at 8k (docs/sm90.md, step 37); in the
-  // short-key kernel (block_n 128) +3% non-causal at 2k but 1.5-3% slower causal at 512-1k (docs/sm90.md,
-  // step 36). It needs q in registers: the block whose max moved issues S again.
-  static constexpr bool kOptimisticMax = FLASHATTN_SM90_OPT_MAX > 0 && kQInRegisters && kBlockN == 144;
+  // The optimistic softmax (Consumer::optimistic_softmax) in the steady state, where the configuration
+  // asks for it: head_dim 128 without a mask, in the block_n 144 kernel (long: +6.5% at 16k, +4.4% at
+  // 8k; docs/sm90.md, step 37) and in the short-key one (block_n 128: +1-5% at 512-2k keys, step 45;
+  // causal 3-7% slower at 512-1k, steps 36, 45). It needs q in registers: the block whose max moved
+  // issues S again.
+  static constexpr bool kOptimisticMax = FLASHATTN_SM90_OPT_MAX > 0 && kOptimisticMax_ && kQInRegisters;
   // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
