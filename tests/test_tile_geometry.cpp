@@ -1,6 +1,6 @@
 // The key blocks a tile visits (src/common/tile_geometry.hpp: the Hopper forward's kernels and the host's
 // choices about their tiles): key_block_range against the mask row by row, the end-aligned tiles, the
-// scores the tiles compute, and the head_dim 64 causal kernel the host picks from them.
+// scores the tiles compute (the head_dim 64 causal pick made from them: test_sm90_fwd_config.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -79,26 +79,6 @@ TEST(TileGeometry, TileScoresCountTheVisitedBlocks) {
   EXPECT_EQ((flashattn::tile_scores<192, 128>(causal512, true)), 8.0 * 192 * 128);
   EXPECT_EQ((flashattn::tile_scores<192, 128>(causal512, false)), 9.0 * 192 * 128);
   EXPECT_EQ((flashattn::tile_scores<192, 128>(Mask(512, 512, false, -1, -1), true)), 12.0 * 192 * 128);
-}
-
-// The model's picks at lengths step 43 timed (docs/sm90.md; square causal, fixed length): a change to the
-// geometry or the weight that moves one shows here.
-TEST(TileGeometry, Hdim64CausalPicksTheKernelWithTheFewestScores) {
-  using flashattn::Hdim64Causal;
-  struct Pick {
-    int seqlen;
-    Hdim64Causal kernel;
-  };
-  const Pick picks[] = {{384, Hdim64Causal::kSerial},
-                        {512, Hdim64Causal::kTwoWarpgroups},    {640, Hdim64Causal::kTwoWarpgroups},
-                        {700, Hdim64Causal::kThreeWarpgroups},  {768, Hdim64Causal::kSerial},
-                        {1024, Hdim64Causal::kThreeWarpgroups}, {1536, Hdim64Causal::kSerial},
-                        {2048, Hdim64Causal::kThreeWarpgroups}, {3072, Hdim64Causal::kSerial},
-                        {4096, Hdim64Causal::kThreeWarpgroups}};
-  for (const Pick& pick : picks) {
-    const Mask mask(pick.seqlen, pick.seqlen, true, -1, -1);
-    EXPECT_EQ(flashattn::hdim64_causal_kernel(mask, true), pick.kernel) << "seqlen " << pick.seqlen;
-  }
 }
 
 }  // namespace

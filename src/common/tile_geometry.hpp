@@ -1,6 +1,6 @@
 // Which key blocks a tile of query rows visits: the Hopper forward's kernels (sm90/scheduler.cuh) and the
-// host's choices about their tiles (sm90/launch_template.cuh) share it, so the CPU tests check those choices
-// (tests/test_tile_geometry.cpp).
+// host's choices about their tiles (sm90/fwd_config.hpp, sm90/launch_template.cuh) share it, so the CPU tests
+// check those choices (tests/test_tile_geometry.cpp, tests/test_sm90_fwd_config.cpp).
 #pragma once
 
 #include <cstdint>
@@ -67,25 +67,6 @@ template <int kBlockM, int kBlockN>
 double tile_scores(const Mask& mask, bool end_aligned) {
   const int32_t shift = end_aligned ? end_aligned_row_shift<kBlockM, kBlockN>(mask) : 0;
   return double(total_key_blocks<kBlockM, kBlockN>(mask, num_m_blocks<kBlockM>(mask), shift)) * kBlockM * kBlockN;
-}
-
-// Causal head_dim 64 (below 8k queries) on the Hopper forward: which of its three kernels (sm90
-// launch_template.cuh) computes the fewest scores, the 2-warpgroup kernel's counted 1.16x. Its softmax has
-// no third warpgroup's GEMMs to hide behind: 1.11-1.19x the time per score of the 3-warpgroup kernels at
-// 384-1k keys, the two 3-warpgroup kernels within 2% of each other per score (docs/sm90.md, step 43). The
-// tiles' quantization decides: 192-row tiles overhang the sequence, block_n 192 wastes less of the diagonal
-// where 192 divides the length. end_aligned: fixed-length batches (varlen tiles start at row 0).
-enum class Hdim64Causal { kTwoWarpgroups, kThreeWarpgroups, kSerial };
-struct Hdim64CausalTiles {  // (block_m, block_n) of each
-  static constexpr int kTwoM = 128, kTwoN = 128, kThreeM = 192, kThreeN = 128, kSerialM = 192, kSerialN = 192;
-};
-inline Hdim64Causal hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
-  using S = Hdim64CausalTiles;
-  const double two = 1.16 * tile_scores<S::kTwoM, S::kTwoN>(mask, end_aligned),
-               three = tile_scores<S::kThreeM, S::kThreeN>(mask, end_aligned),
-               serial = tile_scores<S::kSerialM, S::kSerialN>(mask, end_aligned);
-  if (two <= three && two <= serial) return Hdim64Causal::kTwoWarpgroups;
-  return three < serial ? Hdim64Causal::kThreeWarpgroups : Hdim64Causal::kSerial;
 }
 
 }  // namespace flashattn

@@ -11,6 +11,7 @@
 #include "common/section_balance.hpp"
 #include "common/tile_geometry.hpp"
 #include "cuda/common.cuh"
+#include "cuda/sm90/fwd_config.hpp"
 #include "cuda/sm90/kernel.cuh"
 #include "cuda/sm90/launch.hpp"
 
@@ -27,17 +28,7 @@ extern int* flashattn_sm90_watchdog;  // dev: set by dev/sm90/harness.cu
 #define FLASHATTN_SM90_SECTION_HEADS -1
 #endif
 
-// Dev switch: causal head_dim 128 up to this many keys on the short-key 2-warpgroup kernel (with_fwd_config).
-#ifndef FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS
-#define FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS 12288
-#endif
-
 namespace flashattn::cuda::sm90 {
-
-// The mask of p's sequences (with varlen: of the longest).
-inline Mask mask_of(const fa_params& p) {
-  return Mask(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, p.window_right);
-}
 
 // Causal tiles aligned to the end of the sequence instead of its start where that visits fewer key blocks
 // (end_aligned_row_shift, common/tile_geometry.hpp; FwdParams::row_shift). It pays with 192-row tiles over
@@ -244,40 +235,12 @@ Status launch(const fa_params& p) {
   return {};
 }
 
-// The tile configuration per problem, from the side-by-side timings of docs/sm90.md (H100, bf16
-// sweep): a larger block_n pays where a tile has many key blocks, a smaller one where the
-// per-tile prologue and epilogue weigh (short sequences) or, for causal, where tiles are short.
-//   head_dim 64:  3 consumer warpgroups (block_m 192) with block_n 128 and the rescale after the
-//                 wait: +8-15% non-causal at every seqlen, +3-10% causal at 2k-4k over 2 warpgroups
-//                 (either block_n); single-tile problems keep 2 warpgroups with block_n 128 and the
-//                 early rescale (docs/sm90.md, step 9). Causal from 8k rows: the 3 warpgroups with
-//                 serial GEMMs and block_n 192 (step 13); below, of those three kernels, the one
-//                 whose tiles compute the fewest scores (hdim64_causal_kernel, common/tile_geometry.hpp:
-//                 +1-11% at 384-4k keys, step 43).
-//   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
-//                 seqlen_k 2k (without a mask with the optimistic softmax: +1-5% at 512-2k, step 45;
-//                 the block_n 144 kernel measured 3-17% slower there), and causal up to 12k keys
-//                 (+3-13% at 2.5k-12k over the 3 warpgroups with L2 flushed between calls, even at 4k
-//                 and 16k, 3% slower at 16k with 32 heads: steps 38, 40);
-//                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
-//                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
-//                 kernels of that time (block_n 128 and 176, before ping-pong and q in registers),
-//                 8-25% slower at shorter lengths (docs/sm90.md, steps 6, 8, 9, 13). Without a
-//                 mask (equal_tasks) past 2k queries and keys: 2 warpgroups with block_n 144 and q
-//                 in registers, +2-3% at 8k-16k over the 3 warpgroups and their last-round split,
-//                 9% slower causal at 8k (step 28); with the optimistic softmax (steps 36-37) +7-10%
-//                 at 2.5k-4k too (step 44). Problems without a mask split the last round's tiles (the
-//                 3-warpgroup kernel in an instantiation of its own: step 29).
-//   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
-//                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
-//                 (+16-27% at 512 keys, epilogue.cuh); block_n 80 (no room left for the slab)
-//                 non-causal past 8k keys: +3% at 16k, even at 8k, 2-8% slower below.
 template <class T>
 struct TraitsTag {
   using type = T;
 };
 
-// Calls f(TraitsTag<T>{}) with the configuration T of p (the table above).
+// Calls f(TraitsTag<T>{}) with the Traits T of p's kernel (fwd_kernel, fwd_config.hpp).
 template <int kHeadDim, bool kBf16, class F>
 auto with_fwd_config(const fa_params& p, F&& f) {
 #if FLASHATTN_SM90_DEV_CONFIG
@@ -291,36 +254,32 @@ auto with_fwd_config(const fa_params& p, F&& f) {
                             bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers, FLASHATTN_SM90_SERIAL && kConsumers == 3,
                             false, kBlockN == 144>>{});
 #else
+  const FwdKernel kernel = fwd_kernel(p);
   if constexpr (kHeadDim == 64) {
     using TwoWg = Traits<64, kBf16, 128, true>;
     using ThreeWg = Traits<64, kBf16, 128, false, false, 3>;
     using Serial = Traits<64, kBf16, 192, false, false, 3, true>;
-    using Tiles = Hdim64CausalTiles;  // the model's tile shapes are these kernels'
+    using Tiles = Hdim64CausalTiles;  // the pick's tile shapes are these kernels'
     static_assert(TwoWg::kBlockM == Tiles::kTwoM && TwoWg::kBlockN == Tiles::kTwoN &&
                   ThreeWg::kBlockM == Tiles::kThreeM && ThreeWg::kBlockN == Tiles::kThreeN &&
                   Serial::kBlockM == Tiles::kSerialM && Serial::kBlockN == Tiles::kSerialN);
-    if (p.seqlen_q <= 128) return f(TraitsTag<TwoWg>{});
-    if (!p.causal) return f(TraitsTag<ThreeWg>{});
-    if (p.seqlen_q >= 8192) return f(TraitsTag<Serial>{});
-    switch (hdim64_causal_kernel(mask_of(p), !is_varlen(p))) {
-      case Hdim64Causal::kTwoWarpgroups: return f(TraitsTag<TwoWg>{});
-      case Hdim64Causal::kThreeWarpgroups: return f(TraitsTag<ThreeWg>{});
-      default: return f(TraitsTag<Serial>{});
+    switch (kernel) {
+      case FwdKernel::kHdim64TwoWarpgroups: return f(TraitsTag<TwoWg>{});
+      case FwdKernel::kHdim64ThreeWarpgroups: return f(TraitsTag<ThreeWg>{});
+      default: return f(TraitsTag<Serial>{});  // kHdim64Serial
     }
   } else if constexpr (kHeadDim == 128) {
-    const bool no_mask = !p.causal && p.window_left < 0 && p.window_right < 0;
-    if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS)) {
-      if (no_mask) return f(TraitsTag<Traits<128, kBf16, 128, true, false, 2, false, false, true>>{});
-      return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
+    switch (kernel) {
+      case FwdKernel::kHdim128ShortKeysOptimistic:
+        return f(TraitsTag<Traits<128, kBf16, 128, true, false, 2, false, false, true>>{});
+      case FwdKernel::kHdim128ShortKeys: return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
+      case FwdKernel::kHdim128LongNoMask:
+        return f(TraitsTag<Traits<128, kBf16, 144, false, false, 2, false, true, true>>{});
+      case FwdKernel::kHdim128SerialSplit: return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true, true>>{});
+      default: return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true>>{});  // kHdim128Serial
     }
-    // Without a mask every tile sees every key: the last round's tiles split (the next-to-last Traits
-    // argument).
-    if (equal_tasks(p) && p.seqlen_q > 2048 && p.seqlen_k > 2048)
-      return f(TraitsTag<Traits<128, kBf16, 144, false, false, 2, false, true, true>>{});
-    if (equal_tasks(p)) return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true, true>>{});
-    return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true>>{});
   } else {
-    if (!p.causal && p.seqlen_k > 8192) return f(TraitsTag<Traits<kHeadDim, kBf16, 80, false>>{});
+    if (kernel == FwdKernel::kHdim256LongNoMask) return f(TraitsTag<Traits<kHeadDim, kBf16, 80, false>>{});
     return f(TraitsTag<Traits<kHeadDim, kBf16, 64, false>>{});
   }
 #endif

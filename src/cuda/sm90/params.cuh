@@ -66,6 +66,11 @@ constexpr int kTraceProducer = 3;
 #ifndef FLASHATTN_SM90_OPT_MAX
 #define FLASHATTN_SM90_OPT_MAX 1
 #endif
+// Dev switch, not measured yet (docs/sm90.md, step 45): the optimistic softmax only after an unmasked block
+// (with FLASHATTN_SM90_OPT_CAUSAL, fwd_config.hpp, for the causal short-key kernel).
+#ifndef FLASHATTN_SM90_OPT_SETTLED
+#define FLASHATTN_SM90_OPT_SETTLED 0
+#endif
 
 // Dev switch: the staged epilogue stores O with TMA (fixed-length batches); 0: 16-byte stores.
 #ifndef FLASHATTN_SM90_TMA_STORE

@@ -1,0 +1,109 @@
+// Which Hopper forward kernel runs a problem (plain C++: the CPU tests check the table,
+// tests/test_sm90_fwd_config.cpp). launch_template.cuh's with_fwd_config maps each kernel to its Traits.
+#pragma once
+
+#include <cstdint>
+
+#include "common/last_round_split.hpp"  // equal_tasks
+#include "common/layout.hpp"            // is_varlen
+#include "common/mask.hpp"
+#include "common/tile_geometry.hpp"
+#include "flashattn/flashattn.h"
+
+// Dev switch: causal head_dim 128 up to this many keys on the short-key 2-warpgroup kernel.
+#ifndef FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS
+#define FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS 12288
+#endif
+// Dev switch, not measured yet (docs/sm90.md, step 45): the short-key head_dim 128 kernel with the optimistic
+// softmax for masked problems too (with FLASHATTN_SM90_OPT_SETTLED, params.cuh).
+#ifndef FLASHATTN_SM90_OPT_CAUSAL
+#define FLASHATTN_SM90_OPT_CAUSAL 0
+#endif
+
+namespace flashattn::cuda::sm90 {
+
+// The kernels: tile (block_m x block_n) and how each runs (params.cuh's Traits).
+enum class FwdKernel {
+  kHdim64TwoWarpgroups,         // 128 x 128, 2 consumer warpgroups, O rescaled early
+  kHdim64ThreeWarpgroups,       // 192 x 128, 3 consumer warpgroups
+  kHdim64Serial,                // 192 x 192, 3 consumer warpgroups, serial GEMMs
+  kHdim128ShortKeys,            // 128 x 128, 2 in ping-pong, O rescaled early, q in registers
+  kHdim128ShortKeysOptimistic,  // the same with the optimistic softmax
+  kHdim128LongNoMask,           // 128 x 144, 2, q in registers, optimistic softmax, last round split
+  kHdim128SerialSplit,          // 192 x 128, 3, serial GEMMs, last round split
+  kHdim128Serial,               // the same without the split
+  kHdim256,                     // 128 x 64, 2, slab epilogue
+  kHdim256LongNoMask,           // 128 x 80, 2
+};
+
+// The mask of p's sequences (with varlen: of the longest).
+inline Mask mask_of(const fa_params& p) {
+  return Mask(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, p.window_right);
+}
+
+// Causal head_dim 64 (below 8k queries): which of its three kernels computes the fewest scores, the
+// 2-warpgroup kernel's counted 1.16x. Its softmax has no third warpgroup's GEMMs to hide behind: 1.11-1.19x
+// the time per score of the 3-warpgroup kernels at 384-1k keys, the two 3-warpgroup kernels within 2% of
+// each other per score (docs/sm90.md, step 43). The tiles' quantization decides: 192-row tiles overhang the
+// sequence, block_n 192 wastes less of the diagonal where 192 divides the length. end_aligned: fixed-length
+// batches (varlen tiles start at row 0).
+struct Hdim64CausalTiles {  // (block_m, block_n) of each
+  static constexpr int kTwoM = 128, kTwoN = 128, kThreeM = 192, kThreeN = 128, kSerialM = 192, kSerialN = 192;
+};
+inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
+  using S = Hdim64CausalTiles;
+  const double two = 1.16 * tile_scores<S::kTwoM, S::kTwoN>(mask, end_aligned),
+               three = tile_scores<S::kThreeM, S::kThreeN>(mask, end_aligned),
+               serial = tile_scores<S::kSerialM, S::kSerialN>(mask, end_aligned);
+  if (two <= three && two <= serial) return FwdKernel::kHdim64TwoWarpgroups;
+  return three < serial ? FwdKernel::kHdim64ThreeWarpgroups : FwdKernel::kHdim64Serial;
+}
+
+// The kernel per problem (head_dim 64, 128, 256), from the side-by-side timings of docs/sm90.md (H100, bf16
+// sweep): a larger block_n pays where a tile has many key blocks, a smaller one where the
+// per-tile prologue and epilogue weigh (short sequences) or, for causal, where tiles are short.
+//   head_dim 64:  3 consumer warpgroups (block_m 192) with block_n 128 and the rescale after the
+//                 wait: +8-15% non-causal at every seqlen, +3-10% causal at 2k-4k over 2 warpgroups
+//                 (either block_n); single-tile problems keep 2 warpgroups with block_n 128 and the
+//                 early rescale (docs/sm90.md, step 9). Causal from 8k rows: the 3 warpgroups with
+//                 serial GEMMs and block_n 192 (step 13); below, of those three kernels, the one
+//                 whose tiles compute the fewest scores (hdim64_causal_kernel, above: +1-11% at
+//                 384-4k keys, step 43).
+//   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
+//                 seqlen_k 2k (without a mask with the optimistic softmax: +1-5% at 512-2k, step 45;
+//                 the block_n 144 kernel measured 3-17% slower there), and causal up to 12k keys
+//                 (+3-13% at 2.5k-12k over the 3 warpgroups with L2 flushed between calls, even at 4k
+//                 and 16k, 3% slower at 16k with 32 heads: steps 38, 40);
+//                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
+//                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
+//                 kernels of that time (block_n 128 and 176, before ping-pong and q in registers),
+//                 8-25% slower at shorter lengths (docs/sm90.md, steps 6, 8, 9, 13). Without a
+//                 mask (equal_tasks) past 2k queries and keys: 2 warpgroups with block_n 144 and q
+//                 in registers, +2-3% at 8k-16k over the 3 warpgroups and their last-round split,
+//                 9% slower causal at 8k (step 28); with the optimistic softmax (steps 36-37) +7-10%
+//                 at 2.5k-4k too (step 44). Problems without a mask split the last round's tiles (the
+//                 3-warpgroup kernel in an instantiation of its own: step 29).
+//   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
+//                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
+//                 (+16-27% at 512 keys, epilogue.cuh); block_n 80 (no room left for the slab)
+//                 non-causal past 8k keys: +3% at 16k, even at 8k, 2-8% slower below.
+inline FwdKernel fwd_kernel(const fa_params& p) {
+  if (p.head_dim == 64) {
+    if (p.seqlen_q <= 128) return FwdKernel::kHdim64TwoWarpgroups;
+    if (!p.causal) return FwdKernel::kHdim64ThreeWarpgroups;
+    if (p.seqlen_q >= 8192) return FwdKernel::kHdim64Serial;
+    return hdim64_causal_kernel(mask_of(p), !is_varlen(p));
+  }
+  if (p.head_dim == 128) {
+    const bool no_mask = !p.causal && p.window_left < 0 && p.window_right < 0;
+    if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS))
+      return no_mask || FLASHATTN_SM90_OPT_CAUSAL ? FwdKernel::kHdim128ShortKeysOptimistic
+                                                  : FwdKernel::kHdim128ShortKeys;
+    // Without a mask every tile sees every key: the last round's tiles split.
+    if (equal_tasks(p) && p.seqlen_q > 2048 && p.seqlen_k > 2048) return FwdKernel::kHdim128LongNoMask;
+    return equal_tasks(p) ? FwdKernel::kHdim128SerialSplit : FwdKernel::kHdim128Serial;
+  }
+  return !p.causal && p.seqlen_k > 8192 ? FwdKernel::kHdim256LongNoMask : FwdKernel::kHdim256;
+}
+
+}  // namespace flashattn::cuda::sm90

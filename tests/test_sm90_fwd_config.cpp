@@ -1,0 +1,84 @@
+// Which Hopper forward kernel a problem runs (src/cuda/sm90/fwd_config.hpp): the head_dim 64 causal pick by
+// the scores the tiles compute, and the thresholds of the table, one problem on each side of each. Plain
+// C++: no GPU needed.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/fwd_config.hpp"
+
+namespace {
+
+using flashattn::Mask;
+using flashattn::cuda::sm90::FwdKernel;
+using flashattn::cuda::sm90::fwd_kernel;
+
+// A problem's shape and mask only (fwd_kernel reads nothing else). varlen: a non-null cu_seqlens_q, never
+// read.
+fa_params problem(int head_dim, int seqlen_q, int seqlen_k, bool causal = false, int window_left = -1,
+                  bool varlen = false) {
+  static const int32_t cu_seqlens[2] = {0, 1};
+  fa_params p{};
+  p.head_dim = head_dim, p.seqlen_q = seqlen_q, p.seqlen_k = seqlen_k, p.causal = causal;
+  p.window_left = window_left, p.window_right = window_left >= 0 ? 0 : -1;
+  p.batch = 1, p.num_heads = p.num_heads_kv = 1;
+  if (varlen) p.cu_seqlens_q = p.cu_seqlens_k = cu_seqlens;
+  return p;
+}
+
+// The model's picks at lengths step 43 timed (docs/sm90.md; square causal, fixed length): a change to the
+// geometry or the weight that moves one shows here.
+TEST(Sm90FwdConfig, Hdim64CausalPicksTheKernelWithTheFewestScores) {
+  struct Pick {
+    int seqlen;
+    FwdKernel kernel;
+  };
+  const Pick picks[] = {{384, FwdKernel::kHdim64Serial},
+                        {512, FwdKernel::kHdim64TwoWarpgroups},    {640, FwdKernel::kHdim64TwoWarpgroups},
+                        {700, FwdKernel::kHdim64ThreeWarpgroups},  {768, FwdKernel::kHdim64Serial},
+                        {1024, FwdKernel::kHdim64ThreeWarpgroups}, {1536, FwdKernel::kHdim64Serial},
+                        {2048, FwdKernel::kHdim64ThreeWarpgroups}, {3072, FwdKernel::kHdim64Serial},
+                        {4096, FwdKernel::kHdim64ThreeWarpgroups}};
+  for (const Pick& pick : picks) {
+    const Mask mask(pick.seqlen, pick.seqlen, true, -1, -1);
+    EXPECT_EQ(flashattn::cuda::sm90::hdim64_causal_kernel(mask, true), pick.kernel) << "seqlen " << pick.seqlen;
+    EXPECT_EQ(fwd_kernel(problem(64, pick.seqlen, pick.seqlen, true)), pick.kernel) << "seqlen " << pick.seqlen;
+  }
+}
+
+TEST(Sm90FwdConfig, Hdim64) {
+  EXPECT_EQ(fwd_kernel(problem(64, 128, 4096)), FwdKernel::kHdim64TwoWarpgroups);  // one tile of rows
+  EXPECT_EQ(fwd_kernel(problem(64, 128, 4096, true)), FwdKernel::kHdim64TwoWarpgroups);
+  EXPECT_EQ(fwd_kernel(problem(64, 129, 4096)), FwdKernel::kHdim64ThreeWarpgroups);
+  EXPECT_EQ(fwd_kernel(problem(64, 16384, 16384)), FwdKernel::kHdim64ThreeWarpgroups);
+  EXPECT_EQ(fwd_kernel(problem(64, 2000, 2000, false, 300)), FwdKernel::kHdim64ThreeWarpgroups);  // a window
+  EXPECT_EQ(fwd_kernel(problem(64, 8192, 8192, true)), FwdKernel::kHdim64Serial);
+  EXPECT_EQ(fwd_kernel(problem(64, 8191, 8191, true)), FwdKernel::kHdim64ThreeWarpgroups);  // by the scores
+}
+
+TEST(Sm90FwdConfig, Hdim128) {
+  // Up to 2k keys the short-key kernel, with the optimistic softmax where no mask applies.
+  EXPECT_EQ(fwd_kernel(problem(128, 512, 512)), FwdKernel::kHdim128ShortKeysOptimistic);
+  EXPECT_EQ(fwd_kernel(problem(128, 8192, 2048)), FwdKernel::kHdim128ShortKeysOptimistic);
+  EXPECT_EQ(fwd_kernel(problem(128, 1000, 1000, false, -1, true)), FwdKernel::kHdim128ShortKeysOptimistic);
+  EXPECT_EQ(fwd_kernel(problem(128, 1000, 1000, false, 300)), FwdKernel::kHdim128ShortKeys);
+  EXPECT_EQ(fwd_kernel(problem(128, 1024, 1024, true)), FwdKernel::kHdim128ShortKeys);
+  // Causal up to 12k keys too.
+  EXPECT_EQ(fwd_kernel(problem(128, 12288, 12288, true)), FwdKernel::kHdim128ShortKeys);
+  EXPECT_EQ(fwd_kernel(problem(128, 12289, 12289, true)), FwdKernel::kHdim128Serial);
+  EXPECT_EQ(fwd_kernel(problem(128, 3000, 3000, false, 500)), FwdKernel::kHdim128Serial);
+  // Without a mask past 2k queries and keys: block_n 144; fewer queries: the 3 warpgroups, both splitting.
+  EXPECT_EQ(fwd_kernel(problem(128, 2049, 2049)), FwdKernel::kHdim128LongNoMask);
+  EXPECT_EQ(fwd_kernel(problem(128, 16384, 16384)), FwdKernel::kHdim128LongNoMask);
+  EXPECT_EQ(fwd_kernel(problem(128, 2048, 4096)), FwdKernel::kHdim128SerialSplit);
+  // varlen tiles differ in length: no split.
+  EXPECT_EQ(fwd_kernel(problem(128, 4000, 4000, false, -1, true)), FwdKernel::kHdim128Serial);
+}
+
+TEST(Sm90FwdConfig, Hdim256) {
+  EXPECT_EQ(fwd_kernel(problem(256, 512, 8192)), FwdKernel::kHdim256);
+  EXPECT_EQ(fwd_kernel(problem(256, 512, 8193)), FwdKernel::kHdim256LongNoMask);
+  EXPECT_EQ(fwd_kernel(problem(256, 16384, 16384, true)), FwdKernel::kHdim256);
+}
+
+}  // namespace
