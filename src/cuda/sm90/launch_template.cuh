@@ -257,7 +257,7 @@ auto with_fwd_config(const fa_params& p, F&& f) {
   const FwdKernel kernel = fwd_kernel(p);
   if constexpr (kHeadDim == 64) {
     using TwoWg = Traits<64, kBf16, 128, true>;
-    using ThreeWg = Traits<64, kBf16, 128, false, false, 3>;
+    using ThreeWg = Traits<64, kBf16, 128, false, false, 3, false, false, bool(FLASHATTN_SM90_OPT_SMEM_Q)>;
     using Serial = Traits<64, kBf16, 192, false, false, 3, true>;
     using Tiles = Hdim64CausalTiles;  // the pick's tile shapes are these kernels'
     static_assert(TwoWg::kBlockM == Tiles::kTwoM && TwoWg::kBlockN == Tiles::kTwoN &&

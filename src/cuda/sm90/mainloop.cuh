@@ -565,9 +565,11 @@ struct Consumer {
         pingpong_pass<T>(consumer_wg);
         wgmma_wait<1>();  // S is done; O += P v may still run
         fence_registers(s);
-        // k is free once S is read, or with the optimistic softmax once S is final (below).
+        // k is free once S is read, or with the optimistic softmax once S is final (below); so is q, where S
+        // is issued again from shared memory.
+        constexpr bool kQAfterCheck = T::kOptimisticMax && !T::kQInRegisters;
         if (signals && !T::kOptimisticMax) mbar_arrive(&smem.k_empty[pipe.index]);
-        if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
+        if (!kQAfterCheck && release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
         mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
         if constexpr (T::kOptimisticMax) {
           // The rare block whose max moved issues S again (outside the ping-pong turns, which count the
@@ -590,6 +592,7 @@ struct Consumer {
           online_softmax(s, p.score_scale_log2, corr);
         }
         if (signals && T::kOptimisticMax) mbar_arrive(&smem.k_empty[pipe.index]);
+        if (kQAfterCheck && release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
         wait_pv_after_softmax(smem, s, corr, pa, pipe, prev_stage, signals);
         if constexpr (!T::kRescaleEarly) rescale_o(corr);
         to_a_operand(s, pa);

@@ -71,6 +71,12 @@ constexpr int kTraceProducer = 3;
 #ifndef FLASHATTN_SM90_OPT_SETTLED
 #define FLASHATTN_SM90_OPT_SETTLED 0
 #endif
+// Dev switch, not measured yet: the optimistic softmax in the head_dim 64 non-causal kernel (3 consumer
+// warpgroups, q in shared memory: the block whose max moved issues S again from there, so q is released
+// after the check).
+#ifndef FLASHATTN_SM90_OPT_SMEM_Q
+#define FLASHATTN_SM90_OPT_SMEM_Q 0
+#endif
 
 // Dev switch: the staged epilogue stores O with TMA (fixed-length batches); 0: 16-byte stores.
 #ifndef FLASHATTN_SM90_TMA_STORE
@@ -255,7 +261,9 @@ struct Traits {
   // 8k; docs/sm90.md, step 37) and in the short-key one (block_n 128: +1-5% at 512-2k keys, step 45;
   // causal 3-7% slower at 512-1k, steps 36, 45). It needs q in registers: the block whose max moved
   // issues S again.
-  static constexpr bool kOptimisticMax = FLASHATTN_SM90_OPT_MAX > 0 && kOptimisticMax_ && kQInRegisters;
+  static constexpr bool kOptimisticMax =
+      FLASHATTN_SM90_OPT_MAX > 0 && kOptimisticMax_ && (kQInRegisters || FLASHATTN_SM90_OPT_SMEM_Q) && !kSerial_ &&
+      !kTileOverlap_;
   // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
