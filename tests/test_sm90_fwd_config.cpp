@@ -75,6 +75,23 @@ TEST(Sm90FwdConfig, Hdim128) {
   EXPECT_EQ(fwd_kernel(problem(128, 4000, 4000, false, -1, true)), FwdKernel::kHdim128Serial);
 }
 
+// launch_template.cuh instantiates a head dim's kernels as one run of the enum and takes fwd_kernel's choice
+// from that run: the runs are contiguous, and every choice is of the problem's head dim.
+TEST(Sm90FwdConfig, EveryChoiceIsOfTheProblemsHeadDim) {
+  using flashattn::cuda::sm90::fwd_config;
+  for (int k = 0; k < int(FwdKernel::kHdim256LongNoMask); ++k)
+    EXPECT_LE(fwd_config(FwdKernel(k)).head_dim, fwd_config(FwdKernel(k + 1)).head_dim) << "kernel " << k;
+  EXPECT_EQ(fwd_config(FwdKernel(int(FwdKernel::kHdim256LongNoMask) + 1)).head_dim, 0);
+  for (int d : {64, 128, 256})
+    for (int seqlen : {1, 100, 129, 1000, 2048, 2049, 5000, 8192, 8193, 12289, 16384})
+      for (bool causal : {false, true})
+        for (int window : {-1, 300})
+          for (bool varlen : {false, true}) {
+            const FwdKernel k = fwd_kernel(problem(d, seqlen, seqlen + 7, causal, window, varlen));
+            EXPECT_EQ(fwd_config(k).head_dim, d) << "seqlen " << seqlen << " causal " << causal << " window " << window;
+          }
+}
+
 TEST(Sm90FwdConfig, Hdim256) {
   EXPECT_EQ(fwd_kernel(problem(256, 512, 8192)), FwdKernel::kHdim256);
   EXPECT_EQ(fwd_kernel(problem(256, 512, 8193)), FwdKernel::kHdim256LongNoMask);

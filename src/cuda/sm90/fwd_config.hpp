@@ -1,5 +1,6 @@
-// Which Hopper forward kernel runs a problem (plain C++: the CPU tests check the table,
-// tests/test_sm90_fwd_config.cpp). launch_template.cuh's with_fwd_config maps each kernel to its Traits.
+// The Hopper forward's kernels, one line each (fwd_config), and which one runs a problem (fwd_kernel). Plain
+// C++: the CPU tests check the table (tests/test_sm90_fwd_config.cpp); params.cuh's Traits derives each
+// kernel's shared memory, stages and pipeline from its line, launch_template.cuh instantiates them.
 #pragma once
 
 #include <cstdint>
@@ -19,22 +20,62 @@
 #ifndef FLASHATTN_SM90_OPT_CAUSAL
 #define FLASHATTN_SM90_OPT_CAUSAL 0
 #endif
+// Dev switch, not measured yet: the optimistic softmax in the head_dim 64 non-causal kernel (3 consumer
+// warpgroups, q in shared memory: the block whose max moved issues S again from there, so q is released
+// after the check).
+#ifndef FLASHATTN_SM90_OPT_SMEM_Q
+#define FLASHATTN_SM90_OPT_SMEM_Q 0
+#endif
 
 namespace flashattn::cuda::sm90 {
 
-// The kernels: tile (block_m x block_n) and how each runs (params.cuh's Traits).
-enum class FwdKernel {
-  kHdim64TwoWarpgroups,         // 128 x 128, 2 consumer warpgroups, O rescaled early
-  kHdim64ThreeWarpgroups,       // 192 x 128, 3 consumer warpgroups
-  kHdim64Serial,                // 192 x 192, 3 consumer warpgroups, serial GEMMs
-  kHdim128ShortKeys,            // 128 x 128, 2 in ping-pong, O rescaled early, q in registers
-  kHdim128ShortKeysOptimistic,  // the same with the optimistic softmax
-  kHdim128LongNoMask,           // 128 x 144, 2, q in registers, optimistic softmax, last round split
-  kHdim128SerialSplit,          // 192 x 128, 3, serial GEMMs, last round split
-  kHdim128Serial,               // the same without the split
-  kHdim256,                     // 128 x 64, 2, slab epilogue
-  kHdim256LongNoMask,           // 128 x 80, 2
+// How a kernel runs: its tile and the pipeline's choices (params.cuh says what each costs and buys).
+struct FwdConfig {
+  int head_dim = 0;
+  int block_n = 0;
+  int consumers = 2;            // consumer warpgroups, 64 query rows each
+  bool rescale_early = false;   // O rescaled while S = q k^T computes, not after O += P v
+  bool tile_overlap = false;    // a consumer's tiles as one stream of key blocks (dev configurations only)
+  bool serial = false;          // each consumer warpgroup's GEMMs one at a time (3 warpgroups)
+  bool tail_split = false;      // the last round's tiles split (problems without a mask)
+  bool optimistic_max = false;  // the softmax without the block max (Consumer::optimistic_softmax)
+  constexpr int block_m() const { return 64 * consumers; }
 };
+
+// The kernels in order of head dim (launch_template.cuh instantiates a head dim's run of them).
+enum class FwdKernel {
+  kHdim64TwoWarpgroups,
+  kHdim64ThreeWarpgroups,
+  kHdim64Serial,
+  kHdim128ShortKeys,
+  kHdim128ShortKeysOptimistic,
+  kHdim128LongNoMask,
+  kHdim128SerialSplit,
+  kHdim128Serial,
+  kHdim256,
+  kHdim256LongNoMask,
+};
+
+// One line per kernel (block_m = 64 x consumers): the table above fwd_kernel says when each runs and why.
+constexpr FwdConfig fwd_config(FwdKernel kernel) {
+  switch (kernel) {
+    case FwdKernel::kHdim64TwoWarpgroups: return {.head_dim = 64, .block_n = 128, .rescale_early = true};
+    case FwdKernel::kHdim64ThreeWarpgroups:
+      return {.head_dim = 64, .block_n = 128, .consumers = 3, .optimistic_max = bool(FLASHATTN_SM90_OPT_SMEM_Q)};
+    case FwdKernel::kHdim64Serial: return {.head_dim = 64, .block_n = 192, .consumers = 3, .serial = true};
+    case FwdKernel::kHdim128ShortKeys: return {.head_dim = 128, .block_n = 128, .rescale_early = true};
+    case FwdKernel::kHdim128ShortKeysOptimistic:
+      return {.head_dim = 128, .block_n = 128, .rescale_early = true, .optimistic_max = true};
+    case FwdKernel::kHdim128LongNoMask:
+      return {.head_dim = 128, .block_n = 144, .tail_split = true, .optimistic_max = true};
+    case FwdKernel::kHdim128SerialSplit:
+      return {.head_dim = 128, .block_n = 128, .consumers = 3, .serial = true, .tail_split = true};
+    case FwdKernel::kHdim128Serial: return {.head_dim = 128, .block_n = 128, .consumers = 3, .serial = true};
+    case FwdKernel::kHdim256: return {.head_dim = 256, .block_n = 64};
+    case FwdKernel::kHdim256LongNoMask: return {.head_dim = 256, .block_n = 80};
+  }
+  return {};  // past the last: head_dim 0
+}
 
 // The mask of p's sequences (with varlen: of the longest).
 inline Mask mask_of(const fa_params& p) {
@@ -47,14 +88,13 @@ inline Mask mask_of(const fa_params& p) {
 // each other per score (docs/sm90.md, step 43). The tiles' quantization decides: 192-row tiles overhang the
 // sequence, block_n 192 wastes less of the diagonal where 192 divides the length. end_aligned: fixed-length
 // batches (varlen tiles start at row 0).
-struct Hdim64CausalTiles {  // (block_m, block_n) of each
-  static constexpr int kTwoM = 128, kTwoN = 128, kThreeM = 192, kThreeN = 128, kSerialM = 192, kSerialN = 192;
-};
 inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
-  using S = Hdim64CausalTiles;
-  const double two = 1.16 * tile_scores<S::kTwoM, S::kTwoN>(mask, end_aligned),
-               three = tile_scores<S::kThreeM, S::kThreeN>(mask, end_aligned),
-               serial = tile_scores<S::kSerialM, S::kSerialN>(mask, end_aligned);
+  constexpr FwdConfig kTwo = fwd_config(FwdKernel::kHdim64TwoWarpgroups),
+                      kThree = fwd_config(FwdKernel::kHdim64ThreeWarpgroups),
+                      kSerial = fwd_config(FwdKernel::kHdim64Serial);
+  const double two = 1.16 * tile_scores<kTwo.block_m(), kTwo.block_n>(mask, end_aligned),
+               three = tile_scores<kThree.block_m(), kThree.block_n>(mask, end_aligned),
+               serial = tile_scores<kSerial.block_m(), kSerial.block_n>(mask, end_aligned);
   if (two <= three && two <= serial) return FwdKernel::kHdim64TwoWarpgroups;
   return three < serial ? FwdKernel::kHdim64ThreeWarpgroups : FwdKernel::kHdim64Serial;
 }

@@ -240,6 +240,22 @@ struct TraitsTag {
   using type = T;
 };
 
+// f(TraitsTag<Traits<fwd_config(kernel), kBf16>>{}) for kernel, one of head dim kHeadDim's kernels (the enum
+// lists them in a run): only those are instantiated, in enum order; the run's last stands for any other.
+template <int kHeadDim, bool kBf16, int kIndex = 0, class F>
+auto with_kernel_traits(FwdKernel kernel, F&& f) {
+  constexpr FwdConfig config = fwd_config(FwdKernel(kIndex));
+  if constexpr (config.head_dim != kHeadDim) {
+    static_assert(kIndex < int(FwdKernel::kHdim256LongNoMask), "a head dim without a kernel");
+    return with_kernel_traits<kHeadDim, kBf16, kIndex + 1>(kernel, f);
+  } else if constexpr (fwd_config(FwdKernel(kIndex + 1)).head_dim != kHeadDim) {
+    return f(TraitsTag<Traits<config, kBf16>>{});
+  } else {
+    if (kernel == FwdKernel(kIndex)) return f(TraitsTag<Traits<config, kBf16>>{});
+    return with_kernel_traits<kHeadDim, kBf16, kIndex + 1>(kernel, f);
+  }
+}
+
 // Calls f(TraitsTag<T>{}) with the Traits T of p's kernel (fwd_kernel, fwd_config.hpp).
 template <int kHeadDim, bool kBf16, class F>
 auto with_fwd_config(const fa_params& p, F&& f) {
@@ -250,38 +266,16 @@ auto with_fwd_config(const fa_params& p, F&& f) {
   constexpr int kConsumers = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_CONSUMERS
                              : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_CONSUMERS
                                                : 2;
-  return f(TraitsTag<Traits<kHeadDim, kBf16, kBlockN, bool(FLASHATTN_SM90_RESCALE_EARLY),
-                            bool(FLASHATTN_SM90_TILE_OVERLAP), kConsumers, FLASHATTN_SM90_SERIAL && kConsumers == 3,
-                            false, kBlockN == 144>>{});
+  constexpr FwdConfig kConfig{.head_dim = kHeadDim,
+                              .block_n = kBlockN,
+                              .consumers = kConsumers,
+                              .rescale_early = bool(FLASHATTN_SM90_RESCALE_EARLY),
+                              .tile_overlap = bool(FLASHATTN_SM90_TILE_OVERLAP),
+                              .serial = FLASHATTN_SM90_SERIAL && kConsumers == 3,
+                              .optimistic_max = kBlockN == 144};
+  return f(TraitsTag<Traits<kConfig, kBf16>>{});
 #else
-  const FwdKernel kernel = fwd_kernel(p);
-  if constexpr (kHeadDim == 64) {
-    using TwoWg = Traits<64, kBf16, 128, true>;
-    using ThreeWg = Traits<64, kBf16, 128, false, false, 3, false, false, bool(FLASHATTN_SM90_OPT_SMEM_Q)>;
-    using Serial = Traits<64, kBf16, 192, false, false, 3, true>;
-    using Tiles = Hdim64CausalTiles;  // the pick's tile shapes are these kernels'
-    static_assert(TwoWg::kBlockM == Tiles::kTwoM && TwoWg::kBlockN == Tiles::kTwoN &&
-                  ThreeWg::kBlockM == Tiles::kThreeM && ThreeWg::kBlockN == Tiles::kThreeN &&
-                  Serial::kBlockM == Tiles::kSerialM && Serial::kBlockN == Tiles::kSerialN);
-    switch (kernel) {
-      case FwdKernel::kHdim64TwoWarpgroups: return f(TraitsTag<TwoWg>{});
-      case FwdKernel::kHdim64ThreeWarpgroups: return f(TraitsTag<ThreeWg>{});
-      default: return f(TraitsTag<Serial>{});  // kHdim64Serial
-    }
-  } else if constexpr (kHeadDim == 128) {
-    switch (kernel) {
-      case FwdKernel::kHdim128ShortKeysOptimistic:
-        return f(TraitsTag<Traits<128, kBf16, 128, true, false, 2, false, false, true>>{});
-      case FwdKernel::kHdim128ShortKeys: return f(TraitsTag<Traits<128, kBf16, 128, true>>{});
-      case FwdKernel::kHdim128LongNoMask:
-        return f(TraitsTag<Traits<128, kBf16, 144, false, false, 2, false, true, true>>{});
-      case FwdKernel::kHdim128SerialSplit: return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true, true>>{});
-      default: return f(TraitsTag<Traits<128, kBf16, 128, false, false, 3, true>>{});  // kHdim128Serial
-    }
-  } else {
-    if (kernel == FwdKernel::kHdim256LongNoMask) return f(TraitsTag<Traits<kHeadDim, kBf16, 80, false>>{});
-    return f(TraitsTag<Traits<kHeadDim, kBf16, 64, false>>{});
-  }
+  return with_kernel_traits<kHeadDim, kBf16>(fwd_kernel(p), f);
 #endif
 }
 

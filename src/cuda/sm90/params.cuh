@@ -5,6 +5,7 @@
 
 #include "common/fast_divmod.hpp"  // the tile decode (three divisions in a row were ~850 clocks a tile)
 #include "common/last_round_split.hpp"  // TailStream
+#include "cuda/sm90/fwd_config.hpp"     // FwdConfig
 
 // Dev switch: ping-pong scheduling of the two consumer warpgroups (Traits::kPingPong) in every
 // 2-consumer kernel (1), in none (0), or where the table in Traits says (-1).
@@ -70,12 +71,6 @@ constexpr int kTraceProducer = 3;
 // (with FLASHATTN_SM90_OPT_CAUSAL, fwd_config.hpp, for the causal short-key kernel).
 #ifndef FLASHATTN_SM90_OPT_SETTLED
 #define FLASHATTN_SM90_OPT_SETTLED 0
-#endif
-// Dev switch, not measured yet: the optimistic softmax in the head_dim 64 non-causal kernel (3 consumer
-// warpgroups, q in shared memory: the block whose max moved issues S again from there, so q is released
-// after the check).
-#ifndef FLASHATTN_SM90_OPT_SMEM_Q
-#define FLASHATTN_SM90_OPT_SMEM_Q 0
 #endif
 
 // Dev switch: the staged epilogue stores O with TMA (fixed-length batches); 0: 16-byte stores.
@@ -172,9 +167,10 @@ struct FwdParams {
 // Pieces a split tile of the last round runs as, at most (merge_pieces, epilogue.cuh).
 constexpr int kMaxTailPieces = 8;
 
-// Tile configuration: block_m = 64 rows of q per consumer warpgroup, block_n keys per step,
-// stages of the k/v ring, two q buffers where they fit. Shared memory: q stages * q + stages *
-// (k + v). The configurations in use (launch_template.cuh picks one per problem):
+// A kernel's configuration from its FwdConfig (fwd_config.hpp's table, one line a kernel): block_m = 64
+// rows of q per consumer warpgroup, block_n keys per step; derived here: stages of the k/v ring, two q
+// buffers where they fit, the epilogue. Shared memory: q stages * q + stages * (k + v). The
+// configurations in use (fwd_kernel picks one per problem):
 //   head_dim 64:  3 consumer warpgroups (block_m 192), block_n 128, 3 stages, 2 q (144 KB) + slabs
 //                 (24 KB); causal past 1k rows: the same with serial GEMMs and block_n 192 (192 KB
 //                 + slabs of 24 KB); short causal: 2 consumer warpgroups, early rescale (128 KB).
@@ -198,15 +194,14 @@ constexpr int kMaxTailPieces = 8;
 // kTailSplit: the last round's tiles split (FwdParams::tail_begin, store_piece / merge_pieces): the
 // head_dim 128 kernels of long keys for problems without a mask, a separate instantiation (the causal
 // 3-warpgroup kernel with the split's code compiled in read 4% slower at 16k: docs/sm90.md, step 29).
-template <int kHeadDim_, bool kBf16_, int kBlockN_, bool kRescaleEarly_, bool kTileOverlap_ = false,
-          int kConsumers_ = 2, bool kSerial_ = false, bool kTailSplit_ = false, bool kOptimisticMax_ = false>
+template <FwdConfig kConfig, bool kBf16_>
 struct Traits {
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDim = kConfig.head_dim;
   static constexpr bool kBf16 = kBf16_;
-  static constexpr int kConsumerWarpgroups = kConsumers_;
-  static constexpr int kBlockM = 64 * kConsumerWarpgroups;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr bool kRescaleEarly = kRescaleEarly_;
+  static constexpr int kConsumerWarpgroups = kConfig.consumers;
+  static constexpr int kBlockM = kConfig.block_m();
+  static constexpr int kBlockN = kConfig.block_n;
+  static constexpr bool kRescaleEarly = kConfig.rescale_early;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Ping-pong: the two consumer warpgroups take turns at issuing their GEMMs (mainloop.cuh). With the
   // softmax already overlapped inside each warpgroup it measured 1-8% slower at most shapes (docs/sm90.md,
@@ -218,8 +213,8 @@ struct Traits {
   // Each consumer warpgroup runs its GEMMs one at a time (no overlap inside the warpgroup; the
   // other two warpgroups' GEMMs overlap its softmax): S and P are not live beside the next S,
   // which lets block_n grow (head_dim 64: 192) within 128 registers.
-  static constexpr bool kSerial = kSerial_;
-  static_assert(!kSerial || (kConsumerWarpgroups == 3 && !kTileOverlap_ && !kRescaleEarly_),
+  static constexpr bool kSerial = kConfig.serial;
+  static_assert(!kSerial || (kConsumerWarpgroups == 3 && !kConfig.tile_overlap && !kRescaleEarly),
                 "serial: tile by tile, 3 warpgroups, O rescaled right after each softmax");
   static constexpr int kProducerRegs = 24;
   // 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 <= 64K registers
@@ -238,7 +233,7 @@ struct Traits {
       FLASHATTN_SM90_STAGES > 0 && kQBytes + 2 * FLASHATTN_SM90_STAGES * kKVBytes <= kSmemLimit
           ? FLASHATTN_SM90_STAGES
           : kHeadDim == 64 ? 3 : 2;
-  static constexpr bool kTileOverlap = kTileOverlap_;
+  static constexpr bool kTileOverlap = kConfig.tile_overlap;
   // Two q buffers where they fit: the next tile's q loads while this one runs.
   static constexpr int kQStages = 2 * kQBytes + 2 * kStages * kKVBytes <= kSmemLimit ? 2 : 1;
   // The epilogue stages O in the tile's q buffer (epilogue.cuh) when the other q buffer lets the
@@ -262,8 +257,8 @@ struct Traits {
   // causal 3-7% slower at 512-1k, steps 36, 45). It needs q in registers: the block whose max moved
   // issues S again.
   static constexpr bool kOptimisticMax =
-      FLASHATTN_SM90_OPT_MAX > 0 && kOptimisticMax_ && (kQInRegisters || FLASHATTN_SM90_OPT_SMEM_Q) && !kSerial_ &&
-      !kTileOverlap_;
+      FLASHATTN_SM90_OPT_MAX > 0 && kConfig.optimistic_max && (kQInRegisters || FLASHATTN_SM90_OPT_SMEM_Q) &&
+      !kSerial && !kTileOverlap;
   // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
@@ -277,8 +272,8 @@ struct Traits {
   // The head_dim 64 and 256 kernels spilled 100-160 bytes in their main loops with the split's code
   // (session 20, with the merge inside the persistent loop), and the block_n 128 2-warpgroup head_dim
   // 128 kernel (8 bytes, once a tile) read 6-11% slower at 512-2k keys without splitting (step 24).
-  static constexpr bool kTailSplit = kTailSplit_;
-  static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap_), "split tiles: head_dim 128, tile by tile");
+  static constexpr bool kTailSplit = kConfig.tail_split;
+  static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap), "split tiles: head_dim 128, tile by tile");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");
