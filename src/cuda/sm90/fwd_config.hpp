@@ -135,10 +135,9 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
     return hdim64_causal_kernel(mask_of(p), !is_varlen(p));
   }
   if (p.head_dim == 128) {
-    const bool no_mask = !p.causal && p.window_left < 0 && p.window_right < 0;
     if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS))
-      return no_mask || FLASHATTN_SM90_OPT_CAUSAL ? FwdKernel::kHdim128ShortKeysOptimistic
-                                                  : FwdKernel::kHdim128ShortKeys;
+      return !mask_of(p).is_banded() || FLASHATTN_SM90_OPT_CAUSAL ? FwdKernel::kHdim128ShortKeysOptimistic
+                                                                   : FwdKernel::kHdim128ShortKeys;
     // Without a mask every tile sees every key: the last round's tiles split.
     if (equal_tasks(p) && p.seqlen_q > 2048 && p.seqlen_k > 2048) return FwdKernel::kHdim128LongNoMask;
     return equal_tasks(p) ? FwdKernel::kHdim128SerialSplit : FwdKernel::kHdim128Serial;
