@@ -49,8 +49,10 @@ TEST(Sm90FwdConfig, Hdim64CausalPicksTheKernelWithTheFewestScores) {
 TEST(Sm90FwdConfig, Hdim64) {
   EXPECT_EQ(fwd_kernel(problem(64, 128, 4096)), FwdKernel::kHdim64TwoWarpgroups);  // one tile of rows
   EXPECT_EQ(fwd_kernel(problem(64, 128, 4096, true)), FwdKernel::kHdim64TwoWarpgroups);
-  EXPECT_EQ(fwd_kernel(problem(64, 129, 4096)), FwdKernel::kHdim64ThreeWarpgroups);
-  EXPECT_EQ(fwd_kernel(problem(64, 16384, 16384)), FwdKernel::kHdim64ThreeWarpgroups);
+  // Without a mask the optimistic softmax; a window keeps the full one.
+  EXPECT_EQ(fwd_kernel(problem(64, 129, 4096)), FwdKernel::kHdim64ThreeWarpgroupsOptimistic);
+  EXPECT_EQ(fwd_kernel(problem(64, 16384, 16384)), FwdKernel::kHdim64ThreeWarpgroupsOptimistic);
+  EXPECT_EQ(fwd_kernel(problem(64, 1000, 1000, false, -1, true)), FwdKernel::kHdim64ThreeWarpgroupsOptimistic);
   EXPECT_EQ(fwd_kernel(problem(64, 2000, 2000, false, 300)), FwdKernel::kHdim64ThreeWarpgroups);  // a window
   EXPECT_EQ(fwd_kernel(problem(64, 8192, 8192, true)), FwdKernel::kHdim64Serial);
   EXPECT_EQ(fwd_kernel(problem(64, 8191, 8191, true)), FwdKernel::kHdim64ThreeWarpgroups);  // by the scores

@@ -15,18 +15,6 @@
 #ifndef FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS
 #define FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS 12288
 #endif
-// Dev switch, not measured yet (docs/sm90.md, step 45): the short-key head_dim 128 kernel with the optimistic
-// softmax for masked problems too (with FLASHATTN_SM90_OPT_SETTLED, params.cuh).
-#ifndef FLASHATTN_SM90_OPT_CAUSAL
-#define FLASHATTN_SM90_OPT_CAUSAL 0
-#endif
-// Dev switch, not measured yet: the optimistic softmax in the head_dim 64 non-causal kernel (3 consumer
-// warpgroups, q in shared memory: the block whose max moved issues S again from there, so q is released
-// after the check).
-#ifndef FLASHATTN_SM90_OPT_SMEM_Q
-#define FLASHATTN_SM90_OPT_SMEM_Q 0
-#endif
-
 namespace flashattn::cuda::sm90 {
 
 // How a kernel runs: its tile and the pipeline's choices (params.cuh says what each costs and buys).
@@ -46,6 +34,7 @@ struct FwdConfig {
 enum class FwdKernel {
   kHdim64TwoWarpgroups,
   kHdim64ThreeWarpgroups,
+  kHdim64ThreeWarpgroupsOptimistic,
   kHdim64Serial,
   kHdim128ShortKeys,
   kHdim128ShortKeysOptimistic,
@@ -60,8 +49,9 @@ enum class FwdKernel {
 constexpr FwdConfig fwd_config(FwdKernel kernel) {
   switch (kernel) {
     case FwdKernel::kHdim64TwoWarpgroups: return {.head_dim = 64, .block_n = 128, .rescale_early = true};
-    case FwdKernel::kHdim64ThreeWarpgroups:
-      return {.head_dim = 64, .block_n = 128, .consumers = 3, .optimistic_max = bool(FLASHATTN_SM90_OPT_SMEM_Q)};
+    case FwdKernel::kHdim64ThreeWarpgroups: return {.head_dim = 64, .block_n = 128, .consumers = 3};
+    case FwdKernel::kHdim64ThreeWarpgroupsOptimistic:
+      return {.head_dim = 64, .block_n = 128, .consumers = 3, .optimistic_max = true};
     case FwdKernel::kHdim64Serial: return {.head_dim = 64, .block_n = 192, .consumers = 3, .serial = true};
     case FwdKernel::kHdim128ShortKeys: return {.head_dim = 128, .block_n = 128, .rescale_early = true};
     case FwdKernel::kHdim128ShortKeysOptimistic:
@@ -104,7 +94,8 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 // per-tile prologue and epilogue weigh (short sequences) or, for causal, where tiles are short.
 //   head_dim 64:  3 consumer warpgroups (block_m 192) with block_n 128 and the rescale after the
 //                 wait: +8-15% non-causal at every seqlen, +3-10% causal at 2k-4k over 2 warpgroups
-//                 (either block_n); single-tile problems keep 2 warpgroups with block_n 128 and the
+//                 (either block_n), without a mask with the optimistic softmax (+2-6% at 512-16k,
+//                 step 46); single-tile problems keep 2 warpgroups with block_n 128 and the
 //                 early rescale (docs/sm90.md, step 9). Causal from 8k rows: the 3 warpgroups with
 //                 serial GEMMs and block_n 192 (step 13); below, of those three kernels, the one
 //                 whose tiles compute the fewest scores (hdim64_causal_kernel, above: +1-11% at
@@ -130,14 +121,14 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 inline FwdKernel fwd_kernel(const fa_params& p) {
   if (p.head_dim == 64) {
     if (p.seqlen_q <= 128) return FwdKernel::kHdim64TwoWarpgroups;
-    if (!p.causal) return FwdKernel::kHdim64ThreeWarpgroups;
+    if (!p.causal)
+      return mask_of(p).is_banded() ? FwdKernel::kHdim64ThreeWarpgroups : FwdKernel::kHdim64ThreeWarpgroupsOptimistic;
     if (p.seqlen_q >= 8192) return FwdKernel::kHdim64Serial;
     return hdim64_causal_kernel(mask_of(p), !is_varlen(p));
   }
   if (p.head_dim == 128) {
     if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS))
-      return !mask_of(p).is_banded() || FLASHATTN_SM90_OPT_CAUSAL ? FwdKernel::kHdim128ShortKeysOptimistic
-                                                                   : FwdKernel::kHdim128ShortKeys;
+      return mask_of(p).is_banded() ? FwdKernel::kHdim128ShortKeys : FwdKernel::kHdim128ShortKeysOptimistic;
     // Without a mask every tile sees every key: the last round's tiles split.
     if (equal_tasks(p) && p.seqlen_q > 2048 && p.seqlen_k > 2048) return FwdKernel::kHdim128LongNoMask;
     return equal_tasks(p) ? FwdKernel::kHdim128SerialSplit : FwdKernel::kHdim128Serial;

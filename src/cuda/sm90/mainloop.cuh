@@ -573,19 +573,13 @@ struct Consumer {
         mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
         if constexpr (T::kOptimisticMax) {
           // The rare block whose max moved issues S again (outside the ping-pong turns, which count the
-          // regular issues only) and takes the full softmax. Dev switch FLASHATTN_SM90_OPT_SETTLED: only
-          // after an unmasked block (the causal diagonal leaves the first rows' maxima over a few keys, so
-          // the next block's check would fail in nearly every warpgroup); not measured yet.
-          if (!FLASHATTN_SM90_OPT_SETTLED || !needs_mask(n + 1)) {
-            if (!optimistic_softmax(s, p.score_scale_log2, corr, consumer_wg)) {
-              wgmma_fence();
-              issue_s(smem.k[pipe.index]);
-              wgmma_wait<0>();
-              fence_registers(s);
-              mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
-              online_softmax(s, p.score_scale_log2, corr);
-            }
-          } else {
+          // regular issues only) and takes the full softmax.
+          if (!optimistic_softmax(s, p.score_scale_log2, corr, consumer_wg)) {
+            wgmma_fence();
+            issue_s(smem.k[pipe.index]);
+            wgmma_wait<0>();
+            fence_registers(s);
+            mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
             online_softmax(s, p.score_scale_log2, corr);
           }
         } else {

@@ -67,12 +67,6 @@ constexpr int kTraceProducer = 3;
 #ifndef FLASHATTN_SM90_OPT_MAX
 #define FLASHATTN_SM90_OPT_MAX 1
 #endif
-// Dev switch, not measured yet (docs/sm90.md, step 45): the optimistic softmax only after an unmasked block
-// (with FLASHATTN_SM90_OPT_CAUSAL, fwd_config.hpp, for the causal short-key kernel).
-#ifndef FLASHATTN_SM90_OPT_SETTLED
-#define FLASHATTN_SM90_OPT_SETTLED 0
-#endif
-
 // Dev switch: the staged epilogue stores O with TMA (fixed-length batches); 0: 16-byte stores.
 #ifndef FLASHATTN_SM90_TMA_STORE
 #define FLASHATTN_SM90_TMA_STORE 1
@@ -254,11 +248,11 @@ struct Traits {
   // The optimistic softmax (Consumer::optimistic_softmax) in the steady state, where the configuration
   // asks for it: head_dim 128 without a mask, in the block_n 144 kernel (long: +6.5% at 16k, +4.4% at
   // 8k; docs/sm90.md, step 37) and in the short-key one (block_n 128: +1-5% at 512-2k keys, step 45;
-  // causal 3-7% slower at 512-1k, steps 36, 45). It needs q in registers: the block whose max moved
-  // issues S again.
+  // causal 3-7% slower at 512-1k, steps 36, 45), and head_dim 64 without a mask (3 warpgroups: +2-6% at
+  // 512-16k, causal 7-18% slower at 1k-2k; step 46). The block whose max moved issues S again, from q in
+  // registers or, at head_dim 64, from q in shared memory (released after the check).
   static constexpr bool kOptimisticMax =
-      FLASHATTN_SM90_OPT_MAX > 0 && kConfig.optimistic_max && (kQInRegisters || FLASHATTN_SM90_OPT_SMEM_Q) &&
-      !kSerial && !kTileOverlap;
+      FLASHATTN_SM90_OPT_MAX > 0 && kConfig.optimistic_max && !kSerial && !kTileOverlap;
   // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
