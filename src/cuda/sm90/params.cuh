@@ -67,6 +67,7 @@ constexpr int kTraceProducer = 3;
 #ifndef FLASHATTN_SM90_OPT_MAX
 #define FLASHATTN_SM90_OPT_MAX 1
 #endif
+
 // Dev switch: the staged epilogue stores O with TMA (fixed-length batches); 0: 16-byte stores.
 #ifndef FLASHATTN_SM90_TMA_STORE
 #define FLASHATTN_SM90_TMA_STORE 1
