@@ -42,31 +42,39 @@ TEST(Sm90FwdConfig, Hdim64CausalPicksTheKernelWithTheFewestScores) {
   for (const Pick& pick : picks) {
     const Mask mask(pick.seqlen, pick.seqlen, true, -1, -1);
     EXPECT_EQ(flashattn::cuda::sm90::hdim64_causal_kernel(mask, true), pick.kernel) << "seqlen " << pick.seqlen;
-    EXPECT_EQ(fwd_kernel(problem(64, pick.seqlen, pick.seqlen, true)), pick.kernel) << "seqlen " << pick.seqlen;
+    // The 3 warpgroups causal: their instantiation with the key blocks ascending.
+    const FwdKernel kernel =
+        pick.kernel == FwdKernel::kHdim64ThreeWarpgroups ? FwdKernel::kHdim64ThreeWarpgroupsCausal : pick.kernel;
+    EXPECT_EQ(fwd_kernel(problem(64, pick.seqlen, pick.seqlen, true)), kernel) << "seqlen " << pick.seqlen;
   }
 }
 
 TEST(Sm90FwdConfig, Hdim64) {
   EXPECT_EQ(fwd_kernel(problem(64, 128, 4096)), FwdKernel::kHdim64TwoWarpgroups);  // one tile of rows
   EXPECT_EQ(fwd_kernel(problem(64, 128, 4096, true)), FwdKernel::kHdim64TwoWarpgroups);
-  // Without a mask the optimistic softmax; a window keeps the full one.
+  // Without a mask the optimistic softmax, causal with the key blocks ascending; a window keeps the full one.
   EXPECT_EQ(fwd_kernel(problem(64, 129, 4096)), FwdKernel::kHdim64ThreeWarpgroupsOptimistic);
   EXPECT_EQ(fwd_kernel(problem(64, 16384, 16384)), FwdKernel::kHdim64ThreeWarpgroupsOptimistic);
   EXPECT_EQ(fwd_kernel(problem(64, 1000, 1000, false, -1, true)), FwdKernel::kHdim64ThreeWarpgroupsOptimistic);
   EXPECT_EQ(fwd_kernel(problem(64, 2000, 2000, false, 300)), FwdKernel::kHdim64ThreeWarpgroups);  // a window
+  EXPECT_EQ(fwd_kernel(problem(64, 300, 1000, true, 200)), FwdKernel::kHdim64ThreeWarpgroups);
   EXPECT_EQ(fwd_kernel(problem(64, 8192, 8192, true)), FwdKernel::kHdim64Serial);
-  EXPECT_EQ(fwd_kernel(problem(64, 8191, 8191, true)), FwdKernel::kHdim64ThreeWarpgroups);  // by the scores
+  EXPECT_EQ(fwd_kernel(problem(64, 8191, 8191, true)), FwdKernel::kHdim64ThreeWarpgroupsCausal);  // by the scores
+  EXPECT_EQ(fwd_kernel(problem(64, 300, 1000, true)), FwdKernel::kHdim64ThreeWarpgroupsCausal);
 }
 
 TEST(Sm90FwdConfig, Hdim128) {
-  // Up to 2k keys the short-key kernel, with the optimistic softmax where no mask applies.
+  // Up to 2k keys the short-key kernel: with the optimistic softmax where no mask applies, with it and the key
+  // blocks ascending causal, with the full one under a window.
   EXPECT_EQ(fwd_kernel(problem(128, 512, 512)), FwdKernel::kHdim128ShortKeysOptimistic);
   EXPECT_EQ(fwd_kernel(problem(128, 8192, 2048)), FwdKernel::kHdim128ShortKeysOptimistic);
   EXPECT_EQ(fwd_kernel(problem(128, 1000, 1000, false, -1, true)), FwdKernel::kHdim128ShortKeysOptimistic);
   EXPECT_EQ(fwd_kernel(problem(128, 1000, 1000, false, 300)), FwdKernel::kHdim128ShortKeys);
-  EXPECT_EQ(fwd_kernel(problem(128, 1024, 1024, true)), FwdKernel::kHdim128ShortKeys);
+  EXPECT_EQ(fwd_kernel(problem(128, 1024, 1024, true)), FwdKernel::kHdim128ShortKeysCausal);
+  EXPECT_EQ(fwd_kernel(problem(128, 1024, 1024, true, 500)), FwdKernel::kHdim128ShortKeys);
   // Causal up to 12k keys too.
-  EXPECT_EQ(fwd_kernel(problem(128, 12288, 12288, true)), FwdKernel::kHdim128ShortKeys);
+  EXPECT_EQ(fwd_kernel(problem(128, 12288, 12288, true)), FwdKernel::kHdim128ShortKeysCausal);
+  EXPECT_EQ(fwd_kernel(problem(128, 8192, 8192, true, 2048)), FwdKernel::kHdim128ShortKeys);
   EXPECT_EQ(fwd_kernel(problem(128, 12289, 12289, true)), FwdKernel::kHdim128Serial);
   EXPECT_EQ(fwd_kernel(problem(128, 3000, 3000, false, 500)), FwdKernel::kHdim128Serial);
   // Without a mask past 2k queries and keys: block_n 144; fewer queries: the 3 warpgroups, both splitting.

@@ -1,7 +1,8 @@
 """Two or more builds of the library side by side on the Hopper forward (flashattn-sm90), bf16, one
 process: each shape timed by every build in turn, ROUNDS times (default 2; every other round in reverse
 order), median of N calls (CUDA events, back to back) each time. usage: python3 dev/sm90/fwd_ab.py
-NAME=LIB,NAME=LIB [SHAPES]. SHAPES: ';'-separated "d,causal,seqlen[,heads[,batch]]"; default: the
+NAME=LIB,NAME=LIB [SHAPES]. SHAPES: ';'-separated "d,causal,seqlen[,heads[,batch[,window_left[,window_right]]]]"
+(a window: window_right 0 unless given; TFLOP/s then count the scores inside it); default: the
 standard sweep at head_dim 128 (16k tokens, 2048 / d heads). Prints TFLOP/s per build (the median over
 rounds) and the ratio of each to the first: the median of the rounds' ratios (each round times the builds
 back to back, so a ratio is taken at one state of the card's clock and power)."""
@@ -42,14 +43,23 @@ for shape in shapes:
     b = shape[4] if len(shape) > 4 else max(1, 16384 // s)
     q, k, v = (torch.randn((b, s, heads, d), device="cuda", dtype=torch.bfloat16) for _ in range(3))
     ours = {n: gb.Ours(lib, "flashattn-sm90", q, k, v, bool(causal)) for n, lib in libs.items()}
+    wl = shape[5] if len(shape) > 5 else -1
+    wr = shape[6] if len(shape) > 6 else (0 if wl >= 0 else -1)
+    for o in ours.values():
+        o.p.window_left, o.p.window_right = wl, wr
+        o.ws_fwd = o._workspace(0)  # the window may pick another kernel
     times = {n: [] for n in names}
     for r in range(ROUNDS):
         for n in names if r % 2 == 0 else names[::-1]:
             times[n].append(median_ms(ours[n].forward, n=N, before=flush))
     fl = gb.flops(b, heads, s, s, d, bool(causal), False)
+    if wl >= 0 or wr >= 0:  # the keys each row sees: [i - wl, i + wr] (and <= i with causal), within [0, s)
+        right = [min(s - 1, i + (0 if causal else wr if wr >= 0 else s)) for i in range(s)]
+        fl = 4.0 * b * heads * d * sum(r - max(0, i - wl if wl >= 0 else 0) + 1 for i, r in enumerate(right))
     tf = {n: fl / statistics.median(t) / 1e9 for n, t in times.items()}
     ratio = {n: statistics.median(a / b for a, b in zip(times[names[0]], times[n])) for n in names[1:]}
-    print(f"{d:3d} {causal} {s:6d} {heads:4d} {b:4d} | " + " ".join(f"{tf[n]:8.1f}" for n in names) + " | " +
+    window = f" w{wl},{wr}" if wl >= 0 or wr >= 0 else ""
+    print(f"{d:3d} {causal} {s:6d} {heads:4d} {b:4d}{window} | " + " ".join(f"{tf[n]:8.1f}" for n in names) + " | " +
           " ".join(f"{ratio[n]:.3f}" for n in names[1:]), flush=True)
     del q, k, v, ours
     torch.cuda.empty_cache()

@@ -123,15 +123,19 @@ std::vector<Case> sm90_forward_cases() {
       b.softmax_scale = scale;
       out.push_back(b);
     }
-    // The short-key kernel's optimistic softmax (head_dim 128 without a mask up to 2k keys) where its check
-    // fails: maxima that keep rising (scale 0.6), P overflowing (scale 8); fixed length and varlen. At head_dim
-    // 64 the 3-warpgroup kernel's (q in shared memory, released after the check).
+    // The short-key kernel's optimistic softmax (head_dim 128 up to 2k keys) where its check fails: maxima
+    // that keep rising (scale 0.6), P overflowing (scale 8); without a mask, causal (key blocks ascending)
+    // and, for the dispatch, a window (the full softmax); fixed length and varlen. At head_dim 64 the
+    // 3-warpgroup kernel's (q in shared memory, released after the check).
     for (int d : {64, 128}) {
-      for (float scale : {0.6f, 8.f}) {
-        Case s = fa_test::make_case(dt, 2, 300, 1000, 4, 2, d);
-        s.softmax_scale = scale;
-        out.push_back(s);
-      }
+      for (float scale : {0.6f, 8.f})
+        for (int mask = 0; mask < 3; ++mask) {
+          Case s = fa_test::make_case(dt, 2, 300, 1000, 4, 2, d);
+          s.softmax_scale = scale;
+          s.causal = mask == 1;
+          if (mask == 2) s.window_left = 150, s.window_right = 40;
+          out.push_back(s);
+        }
       Case sv;
       sv.dtype = dt, sv.head_dim = d, sv.num_heads = 2, sv.num_heads_kv = 1, sv.softmax_scale = 8.f;
       sv.seqlens_q = {500, 0, 129, 1, 2000}, sv.seqlens_k = {700, 30, 0, 333, 1900};

@@ -27,6 +27,7 @@ struct FwdConfig {
   bool serial = false;          // each consumer warpgroup's GEMMs one at a time (3 warpgroups)
   bool tail_split = false;      // the last round's tiles split (problems without a mask)
   bool optimistic_max = false;  // the softmax without the block max (Consumer::optimistic_softmax)
+  bool keys_forward = false;    // a tile's key blocks ascending, not from the last down (KeyOrder)
   constexpr int block_m() const { return 64 * consumers; }
 };
 
@@ -35,9 +36,11 @@ enum class FwdKernel {
   kHdim64TwoWarpgroups,
   kHdim64ThreeWarpgroups,
   kHdim64ThreeWarpgroupsOptimistic,
+  kHdim64ThreeWarpgroupsCausal,
   kHdim64Serial,
   kHdim128ShortKeys,
   kHdim128ShortKeysOptimistic,
+  kHdim128ShortKeysCausal,
   kHdim128LongNoMask,
   kHdim128SerialSplit,
   kHdim128Serial,
@@ -52,10 +55,14 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
     case FwdKernel::kHdim64ThreeWarpgroups: return {.head_dim = 64, .block_n = 128, .consumers = 3};
     case FwdKernel::kHdim64ThreeWarpgroupsOptimistic:
       return {.head_dim = 64, .block_n = 128, .consumers = 3, .optimistic_max = true};
+    case FwdKernel::kHdim64ThreeWarpgroupsCausal:
+      return {.head_dim = 64, .block_n = 128, .consumers = 3, .optimistic_max = true, .keys_forward = true};
     case FwdKernel::kHdim64Serial: return {.head_dim = 64, .block_n = 192, .consumers = 3, .serial = true};
     case FwdKernel::kHdim128ShortKeys: return {.head_dim = 128, .block_n = 128, .rescale_early = true};
     case FwdKernel::kHdim128ShortKeysOptimistic:
       return {.head_dim = 128, .block_n = 128, .rescale_early = true, .optimistic_max = true};
+    case FwdKernel::kHdim128ShortKeysCausal:
+      return {.head_dim = 128, .block_n = 128, .rescale_early = true, .optimistic_max = true, .keys_forward = true};
     case FwdKernel::kHdim128LongNoMask:
       return {.head_dim = 128, .block_n = 144, .tail_split = true, .optimistic_max = true};
     case FwdKernel::kHdim128SerialSplit:
@@ -70,6 +77,16 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
 // The mask of p's sequences (with varlen: of the longest).
 inline Mask mask_of(const fa_params& p) {
   return Mask(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, p.window_right);
+}
+
+// One kernel in three instantiations by the mask (head_dim 64's 3 warpgroups, head_dim 128's short keys):
+// without a mask the optimistic softmax (+1-6%: steps 45, 46); causal (keys up to the diagonal, no left
+// edge) the optimistic softmax with the key blocks ascending, the first block then a full one whose maxima
+// hold (+1-4.5% at 1k-8k; from the diagonal down the check fails often: 3-18% slower, steps 36, 45-47); a
+// window's left edge the full softmax (ascending 3-11% slower: the first block is masked).
+inline FwdKernel by_mask(const Mask& mask, FwdKernel full, FwdKernel optimistic, FwdKernel keys_forward) {
+  if (!mask.is_banded()) return optimistic;
+  return mask.left < 0 ? keys_forward : full;
 }
 
 // Causal head_dim 64 (below 8k queries): which of its three kernels computes the fewest scores, the
@@ -95,13 +112,13 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //   head_dim 64:  3 consumer warpgroups (block_m 192) with block_n 128 and the rescale after the
 //                 wait: +8-15% non-causal at every seqlen, +3-10% causal at 2k-4k over 2 warpgroups
 //                 (either block_n), without a mask with the optimistic softmax (+2-6% at 512-16k,
-//                 step 46); single-tile problems keep 2 warpgroups with block_n 128 and the
+//                 step 46), causal with it too, key blocks ascending (by_mask, above); single-tile problems keep 2 warpgroups with block_n 128 and the
 //                 early rescale (docs/sm90.md, step 9). Causal from 8k rows: the 3 warpgroups with
 //                 serial GEMMs and block_n 192 (step 13); below, of those three kernels, the one
 //                 whose tiles compute the fewest scores (hdim64_causal_kernel, above: +1-11% at
 //                 384-4k keys, step 43).
 //   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
-//                 seqlen_k 2k (without a mask with the optimistic softmax: +1-5% at 512-2k, step 45;
+//                 seqlen_k 2k (without a mask or causal with the optimistic softmax: by_mask, above;
 //                 the block_n 144 kernel measured 3-17% slower there), and causal up to 12k keys
 //                 (+3-13% at 2.5k-12k over the 3 warpgroups with L2 flushed between calls, even at 4k
 //                 and 16k, 3% slower at 16k with 32 heads: steps 38, 40);
@@ -121,14 +138,17 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 inline FwdKernel fwd_kernel(const fa_params& p) {
   if (p.head_dim == 64) {
     if (p.seqlen_q <= 128) return FwdKernel::kHdim64TwoWarpgroups;
-    if (!p.causal)
-      return mask_of(p).is_banded() ? FwdKernel::kHdim64ThreeWarpgroups : FwdKernel::kHdim64ThreeWarpgroupsOptimistic;
-    if (p.seqlen_q >= 8192) return FwdKernel::kHdim64Serial;
-    return hdim64_causal_kernel(mask_of(p), !is_varlen(p));
+    const FwdKernel kernel = !p.causal             ? FwdKernel::kHdim64ThreeWarpgroups
+                             : p.seqlen_q >= 8192 ? FwdKernel::kHdim64Serial
+                                                  : hdim64_causal_kernel(mask_of(p), !is_varlen(p));
+    if (kernel != FwdKernel::kHdim64ThreeWarpgroups) return kernel;
+    return by_mask(mask_of(p), kernel, FwdKernel::kHdim64ThreeWarpgroupsOptimistic,
+                   FwdKernel::kHdim64ThreeWarpgroupsCausal);
   }
   if (p.head_dim == 128) {
     if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS))
-      return mask_of(p).is_banded() ? FwdKernel::kHdim128ShortKeys : FwdKernel::kHdim128ShortKeysOptimistic;
+      return by_mask(mask_of(p), FwdKernel::kHdim128ShortKeys, FwdKernel::kHdim128ShortKeysOptimistic,
+                     FwdKernel::kHdim128ShortKeysCausal);
     // Without a mask every tile sees every key: the last round's tiles split.
     if (equal_tasks(p) && p.seqlen_q > 2048 && p.seqlen_k > 2048) return FwdKernel::kHdim128LongNoMask;
     return equal_tasks(p) ? FwdKernel::kHdim128SerialSplit : FwdKernel::kHdim128Serial;

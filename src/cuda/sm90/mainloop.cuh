@@ -11,7 +11,8 @@
 // the other two warpgroups' GEMMs keep the tensor cores busy meanwhile.
 //
 // Key blocks run from the last to the first, so the blocks that need element masking (the
-// diagonal for causal, the end of the sequence) come first.
+// diagonal for causal, the end of the sequence) come first; causal with the optimistic softmax from
+// the first up, the first block then a full one (KeyOrder, Traits::kKeysForward).
 //
 // Two consumer loops: run_tile (one tile, the kernel then stores it) and, with
 // Traits::kTileOverlap, run (all tiles of the CTA as one stream of key blocks: the software
@@ -47,6 +48,14 @@ template <class T>
 __device__ __forceinline__ Mask tile_mask(const Tile& tile, const FwdParams& p) {
   return Mask(tile.seqlen_q, tile.seqlen_k, p.causal != 0, p.window_left, p.window_right);
 }
+
+// The key block a tile loads and computes at step i, producer and consumers alike: the steps count down
+// from n_end - 1 to n_begin; the blocks with them, or with Traits::kKeysForward the other way, ascending.
+template <class T>
+struct KeyOrder {
+  int32_t n_begin, n_end;
+  __device__ __forceinline__ int32_t block(int32_t i) const { return T::kKeysForward ? n_begin + n_end - 1 - i : i; }
+};
 
 // Producer -------------------------------------------------------------------------------------
 
@@ -115,12 +124,14 @@ struct Producer {
         mbar_wait(empty, parity);
       };
 
-      for (int32_t n = n_end - 1; n >= n_begin; --n) {
+      const KeyOrder<T> order{n_begin, n_end};
+      for (int32_t i = n_end - 1; i >= n_begin; --i) {
+        const int32_t n = order.block(i);
         const int32_t k_row = int32_t(tile.k_start) + n * T::kBlockN;
         const int s = pipe.index;
         SM90_WATCH(kTraceProducer, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
         wait_stage(&smem.k_empty[s], pipe.phase ^ 1);
-        if (n == n_end - 1) SM90_TRACE(p, kTraceProducer, trace_count, 1);
+        if (i == n_end - 1) SM90_TRACE(p, kTraceProducer, trace_count, 1);
         mbar_arrive_expect_tx(&smem.k_full[s], T::kKVBytes);
         load_panels(map_k, &smem.k_full[s], smem.k[s], T::kKVPanelBytes, k_row, head_kv, batch_coord, true);
         SM90_WATCH(kTraceProducer, tile.m_block, tile.batch * 100 + tile.head, 10000 + n, trace_count);
@@ -495,8 +506,9 @@ struct Consumer {
       }
     };
 
-    // Block n_end - 1: S alone.
-    int32_t n = n_end - 1;
+    // The first step's block (n_end - 1, or n_begin ascending): S alone. q is released at the last step.
+    const KeyOrder<T> order{n_begin, n_end};
+    int32_t i = n_end - 1, n = order.block(i);
     mbar_wait(&smem.k_full[pipe.index], pipe.phase);
     SM90_TRACE(p, consumer_wg, trace_count, 2);
     pingpong_wait<T>(consumer_wg);
@@ -509,7 +521,7 @@ struct Consumer {
     fence_registers(s);
     SM90_TRACE(p, consumer_wg, trace_count, 3);
     if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
-    if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
+    if (release_q && i == n_begin) mbar_arrive(&smem.q_empty[qs]);
     mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
     online_softmax(s, p.score_scale_log2, corr);
     to_a_operand(s, pa);
@@ -518,7 +530,7 @@ struct Consumer {
     uint32_t prev_phase = pipe.phase;
     pipe.advance();
 
-    // Serial steady state (Traits::kSerial): O += P v of block n + 1 alone, then S of block n
+    // Serial steady state (Traits::kSerial): O += P v of the step before alone, then S of block n
     // alone and its softmax; the other consumer warpgroups' GEMMs fill the tensor cores meanwhile.
     // Only O and S (or P) are live (64 + 64 floats a thread at head_dim 128, block_n 128): the
     // rows' key ranges are recomputed in the rare blocks that need a mask (mask_block), only the
@@ -526,7 +538,8 @@ struct Consumer {
     if constexpr (T::kSerial) {
       TileWork w{tile, n_begin, n_end, 0, 0};
       plain_blocks(tile, mask, w);
-      for (n = n_end - 2; n >= n_begin; --n) {
+      for (i = n_end - 2; i >= n_begin; --i) {
+        n = order.block(i);
         SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
         mbar_wait(&smem.v_full[prev_stage], prev_phase);
         wgmma_fence();
@@ -542,7 +555,7 @@ struct Consumer {
         wgmma_wait<0>();
         fence_registers(s);
         if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
-        if (release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
+        if (release_q && i == n_begin) mbar_arrive(&smem.q_empty[qs]);
         mask_block(s, p, w, n, consumer_wg);
         online_softmax(s, p.score_scale_log2, corr);
         rescale_o(corr);
@@ -552,8 +565,9 @@ struct Consumer {
         pipe.advance();
       }
     } else {
-      // Steady state: S of block n and O += P v of block n + 1 in flight together.
-      for (n = n_end - 2; n >= n_begin; --n) {
+      // Steady state: S of block n and O += P v of the step before in flight together.
+      for (i = n_end - 2; i >= n_begin; --i) {
+        n = order.block(i);
         SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
         mbar_wait(&smem.k_full[pipe.index], pipe.phase);
         mbar_wait(&smem.v_full[prev_stage], prev_phase);
@@ -569,7 +583,7 @@ struct Consumer {
         // is issued again from shared memory.
         constexpr bool kQAfterCheck = T::kOptimisticMax && !T::kQInRegisters;
         if (signals && !T::kOptimisticMax) mbar_arrive(&smem.k_empty[pipe.index]);
-        if (!kQAfterCheck && release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
+        if (!kQAfterCheck && release_q && i == n_begin) mbar_arrive(&smem.q_empty[qs]);
         mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
         if constexpr (T::kOptimisticMax) {
           // The rare block whose max moved issues S again (outside the ping-pong turns, which count the
@@ -586,7 +600,7 @@ struct Consumer {
           online_softmax(s, p.score_scale_log2, corr);
         }
         if (signals && T::kOptimisticMax) mbar_arrive(&smem.k_empty[pipe.index]);
-        if (kQAfterCheck && release_q && n == n_begin) mbar_arrive(&smem.q_empty[qs]);
+        if (kQAfterCheck && release_q && i == n_begin) mbar_arrive(&smem.q_empty[qs]);
         wait_pv_after_softmax(smem, s, corr, pa, pipe, prev_stage, signals);
         if constexpr (!T::kRescaleEarly) rescale_o(corr);
         to_a_operand(s, pa);

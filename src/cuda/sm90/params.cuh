@@ -248,12 +248,15 @@ struct Traits {
       FLASHATTN_SM90_Q_REGS && !kTileOverlap && kHeadDim == 128 && kBlockN <= 144 && kConsumerWarpgroups == 2;
   // The optimistic softmax (Consumer::optimistic_softmax) in the steady state, where the configuration
   // asks for it: head_dim 128 without a mask, in the block_n 144 kernel (long: +6.5% at 16k, +4.4% at
-  // 8k; docs/sm90.md, step 37) and in the short-key one (block_n 128: +1-5% at 512-2k keys, step 45;
-  // causal 3-7% slower at 512-1k, steps 36, 45), and head_dim 64 without a mask (3 warpgroups: +2-6% at
-  // 512-16k, causal 7-18% slower at 1k-2k; step 46). The block whose max moved issues S again, from q in
-  // registers or, at head_dim 64, from q in shared memory (released after the check).
+  // 8k; docs/sm90.md, step 37) and in the short-key one (block_n 128: +1-5% at 512-2k keys, step 45),
+  // and head_dim 64 without a mask (3 warpgroups: +2-6% at 512-16k; step 46); causal in both with the
+  // key blocks ascending (fwd_config.hpp's by_mask; step 47). The block whose max moved issues S again,
+  // from q in registers or, at head_dim 64, from q in shared memory (released after the check).
   static constexpr bool kOptimisticMax =
       FLASHATTN_SM90_OPT_MAX > 0 && kConfig.optimistic_max && !kSerial && !kTileOverlap;
+  // The order of a tile's key blocks (producer and consumers alike, KeyOrder): from the last down, the
+  // masked ones first, or ascending where the configuration asks (keys_forward; not in the overlapped stream).
+  static constexpr bool kKeysForward = kConfig.keys_forward && !kTileOverlap;
   // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
