@@ -82,7 +82,7 @@ inline Mask mask_of(const fa_params& p) {
 // One kernel in three instantiations by the mask (head_dim 64's 3 warpgroups, head_dim 128's short keys):
 // without a mask the optimistic softmax (+1-6%: steps 45, 46); causal (keys up to the diagonal, no left
 // edge) the optimistic softmax with the key blocks ascending, the first block then a full one whose maxima
-// hold (+1-4.5% at 1k-8k; from the diagonal down the check fails often: 3-18% slower, steps 36, 45-47); a
+// hold (+2-5% at 700-12k keys; from the diagonal down the check fails often: 3-18% slower, steps 36, 45-47); a
 // window's left edge the full softmax (ascending 3-11% slower: the first block is masked).
 inline FwdKernel by_mask(const Mask& mask, FwdKernel full, FwdKernel optimistic, FwdKernel keys_forward) {
   if (!mask.is_banded()) return optimistic;
