@@ -112,8 +112,9 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //   head_dim 64:  3 consumer warpgroups (block_m 192) with block_n 128 and the rescale after the
 //                 wait: +8-15% non-causal at every seqlen, +3-10% causal at 2k-4k over 2 warpgroups
 //                 (either block_n), without a mask with the optimistic softmax (+2-6% at 512-16k,
-//                 step 46), causal with it too, key blocks ascending (by_mask, above); single-tile problems keep 2 warpgroups with block_n 128 and the
-//                 early rescale (docs/sm90.md, step 9). Causal from 8k rows: the 3 warpgroups with
+//                 step 46), causal with it too, key blocks ascending (by_mask, above); single-tile
+//                 problems keep 2 warpgroups with block_n 128 and the early rescale (docs/sm90.md,
+//                 step 9). Causal from 8k rows: the 3 warpgroups with
 //                 serial GEMMs and block_n 192 (step 13); below, of those three kernels, the one
 //                 whose tiles compute the fewest scores (hdim64_causal_kernel, above: +1-11% at
 //                 384-4k keys, step 43).
