@@ -79,6 +79,10 @@ inline Mask mask_of(const fa_params& p) {
   return Mask(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, p.window_right);
 }
 
+// Causal tiles of fixed-length batches may align to the sequence's end (launch_template.cuh's
+// causal_row_shift); varlen tiles start at their sequence's row 0.
+inline bool tiles_end_aligned(const fa_params& p) { return p.causal && !is_varlen(p); }
+
 // One kernel in three instantiations by the mask (head_dim 64's 3 warpgroups, head_dim 128's short keys):
 // without a mask the optimistic softmax (+1-6%: steps 45, 46); causal (keys up to the diagonal, no left
 // edge) the optimistic softmax with the key blocks ascending, the first block then a full one whose maxima
@@ -141,7 +145,7 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
     if (p.seqlen_q <= 128) return FwdKernel::kHdim64TwoWarpgroups;
     const FwdKernel kernel = !p.causal             ? FwdKernel::kHdim64ThreeWarpgroups
                              : p.seqlen_q >= 8192 ? FwdKernel::kHdim64Serial
-                                                  : hdim64_causal_kernel(mask_of(p), !is_varlen(p));
+                                                  : hdim64_causal_kernel(mask_of(p), tiles_end_aligned(p));
     if (kernel != FwdKernel::kHdim64ThreeWarpgroups) return kernel;
     return by_mask(mask_of(p), kernel, FwdKernel::kHdim64ThreeWarpgroupsOptimistic,
                    FwdKernel::kHdim64ThreeWarpgroupsCausal);

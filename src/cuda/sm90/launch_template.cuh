@@ -36,7 +36,7 @@ namespace flashattn::cuda::sm90 {
 // 384, measured +5%. Fixed-length batches only (varlen tiles start at their sequence's row 0).
 template <class T>
 int32_t causal_row_shift(const fa_params& p) {
-  if (!p.causal || is_varlen(p)) return 0;
+  if (!tiles_end_aligned(p)) return 0;
   return end_aligned_row_shift<T::kBlockM, T::kBlockN>(mask_of(p));
 }
 
