@@ -1,8 +1,9 @@
 """Two or more builds of the library side by side on the Hopper forward (flashattn-sm90), bf16, one
 process: each shape timed by every build in turn, ROUNDS times (default 2; every other round in reverse
 order), median of N calls (CUDA events, back to back) each time. usage: python3 dev/sm90/fwd_ab.py
-NAME=LIB,NAME=LIB [SHAPES]. SHAPES: ';'-separated "d,causal,seqlen[,heads[,batch[,window_left[,window_right]]]]"
-(a window: window_right 0 unless given; TFLOP/s then count the scores inside it); default: the
+NAME=LIB,NAME=LIB [SHAPES]. SHAPES: ';'-separated
+"d,causal,seqlen[,heads[,batch[,window_left[,window_right]]]]" (a window: window_right 0 unless given;
+TFLOP/s then count the scores inside it); default: the
 standard sweep at head_dim 128 (16k tokens, 2048 / d heads). Prints TFLOP/s per build (the median over
 rounds) and the ratio of each to the first: the median of the rounds' ratios (each round times the builds
 back to back, so a ratio is taken at one state of the card's clock and power)."""
@@ -59,7 +60,7 @@ for shape in shapes:
     tf = {n: fl / statistics.median(t) / 1e9 for n, t in times.items()}
     ratio = {n: statistics.median(a / b for a, b in zip(times[names[0]], times[n])) for n in names[1:]}
     window = f" w{wl},{wr}" if wl >= 0 or wr >= 0 else ""
-    print(f"{d:3d} {causal} {s:6d} {heads:4d} {b:4d}{window} | " + " ".join(f"{tf[n]:8.1f}" for n in names) + " | " +
-          " ".join(f"{ratio[n]:.3f}" for n in names[1:]), flush=True)
+    print(f"{d:3d} {causal} {s:6d} {heads:4d} {b:4d}{window} | " + " ".join(f"{tf[n]:8.1f}" for n in names) +
+          " | " + " ".join(f"{ratio[n]:.3f}" for n in names[1:]), flush=True)
     del q, k, v, ours
     torch.cuda.empty_cache()
