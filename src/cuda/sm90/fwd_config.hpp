@@ -16,7 +16,7 @@
 #define FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS 12288
 #endif
 // Dev switch, not measured yet: the weight on the head_dim 64 3-warpgroup kernel's scores in
-// hdim64_causal_kernel. Its causal instantiation gained 4-5% at 700-4k keys with step 47, and the picks at
+// hdim64_causal_kernel. Its causal instantiation gained 3.6-5.3% at 700-4k keys with step 47; the picks at
 // 512 (2 warpgroups), 1500 and 3072 keys (serial) are within 2-4% of it in scores: 0.96 moves them to it.
 #ifndef FLASHATTN_SM90_HDIM64_THREE_WEIGHT
 #define FLASHATTN_SM90_HDIM64_THREE_WEIGHT 1.0
@@ -54,21 +54,27 @@ enum class FwdKernel {
   kHdim256LongNoMask,
 };
 
+// A kernel with the optimistic softmax: its key blocks from the last down, or ascending (keys_forward).
+constexpr FwdConfig optimistic(FwdConfig config, bool keys_forward = false) {
+  config.optimistic_max = true;
+  config.keys_forward = keys_forward;
+  return config;
+}
+
 // One line per kernel (block_m = 64 x consumers): the table above fwd_kernel says when each runs and why.
+// by_mask's three instantiations of a kernel share its tile (hdim64_causal_kernel counts the first's scores).
 constexpr FwdConfig fwd_config(FwdKernel kernel) {
   switch (kernel) {
     case FwdKernel::kHdim64TwoWarpgroups: return {.head_dim = 64, .block_n = 128, .rescale_early = true};
     case FwdKernel::kHdim64ThreeWarpgroups: return {.head_dim = 64, .block_n = 128, .consumers = 3};
     case FwdKernel::kHdim64ThreeWarpgroupsOptimistic:
-      return {.head_dim = 64, .block_n = 128, .consumers = 3, .optimistic_max = true};
+      return optimistic(fwd_config(FwdKernel::kHdim64ThreeWarpgroups));
     case FwdKernel::kHdim64ThreeWarpgroupsCausal:
-      return {.head_dim = 64, .block_n = 128, .consumers = 3, .optimistic_max = true, .keys_forward = true};
+      return optimistic(fwd_config(FwdKernel::kHdim64ThreeWarpgroups), true);
     case FwdKernel::kHdim64Serial: return {.head_dim = 64, .block_n = 192, .consumers = 3, .serial = true};
     case FwdKernel::kHdim128ShortKeys: return {.head_dim = 128, .block_n = 128, .rescale_early = true};
-    case FwdKernel::kHdim128ShortKeysOptimistic:
-      return {.head_dim = 128, .block_n = 128, .rescale_early = true, .optimistic_max = true};
-    case FwdKernel::kHdim128ShortKeysCausal:
-      return {.head_dim = 128, .block_n = 128, .rescale_early = true, .optimistic_max = true, .keys_forward = true};
+    case FwdKernel::kHdim128ShortKeysOptimistic: return optimistic(fwd_config(FwdKernel::kHdim128ShortKeys));
+    case FwdKernel::kHdim128ShortKeysCausal: return optimistic(fwd_config(FwdKernel::kHdim128ShortKeys), true);
     case FwdKernel::kHdim128LongNoMask:
       return {.head_dim = 128, .block_n = 144, .tail_split = true, .optimistic_max = true};
     case FwdKernel::kHdim128SerialSplit:
