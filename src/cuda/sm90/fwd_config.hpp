@@ -15,12 +15,6 @@
 #ifndef FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS
 #define FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS 12288
 #endif
-// Dev switch, not measured yet: the weight on the head_dim 64 3-warpgroup kernel's scores in
-// hdim64_causal_kernel. Its causal instantiation gained 3.6-5.3% at 700-4k keys with step 47; the picks at
-// 512 (2 warpgroups), 1500 and 3072 keys (serial) are within 2-4% of it in scores: 0.96 moves them to it.
-#ifndef FLASHATTN_SM90_HDIM64_THREE_WEIGHT
-#define FLASHATTN_SM90_HDIM64_THREE_WEIGHT 1.0
-#endif
 namespace flashattn::cuda::sm90 {
 
 // How a kernel runs: its tile and the pipeline's choices (params.cuh says what each costs and buys).
@@ -115,9 +109,8 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
   constexpr FwdConfig kTwo = fwd_config(FwdKernel::kHdim64TwoWarpgroups),
                       kThree = fwd_config(FwdKernel::kHdim64ThreeWarpgroups),
                       kSerial = fwd_config(FwdKernel::kHdim64Serial);
-  constexpr double kThreeWeight = FLASHATTN_SM90_HDIM64_THREE_WEIGHT;
   const double two = 1.16 * tile_scores<kTwo.block_m(), kTwo.block_n>(mask, end_aligned),
-               three = kThreeWeight * tile_scores<kThree.block_m(), kThree.block_n>(mask, end_aligned),
+               three = tile_scores<kThree.block_m(), kThree.block_n>(mask, end_aligned),
                serial = tile_scores<kSerial.block_m(), kSerial.block_n>(mask, end_aligned);
   if (two <= three && two <= serial) return FwdKernel::kHdim64TwoWarpgroups;
   return three < serial ? FwdKernel::kHdim64ThreeWarpgroups : FwdKernel::kHdim64Serial;
