@@ -42,9 +42,10 @@ TEST(Sm90FwdConfig, Hdim64CausalPicksTheKernelWithTheFewestScores) {
   for (const Pick& pick : picks) {
     const Mask mask(pick.seqlen, pick.seqlen, true, -1, -1);
     EXPECT_EQ(flashattn::cuda::sm90::hdim64_causal_kernel(mask, true), pick.kernel) << "seqlen " << pick.seqlen;
-    // The 3 warpgroups causal: their instantiation with the key blocks ascending.
-    const FwdKernel kernel =
-        pick.kernel == FwdKernel::kHdim64ThreeWarpgroups ? FwdKernel::kHdim64ThreeWarpgroupsCausal : pick.kernel;
+    // The 2 and the 3 warpgroups causal: their instantiations with the key blocks ascending.
+    const FwdKernel kernel = pick.kernel == FwdKernel::kHdim64ThreeWarpgroups ? FwdKernel::kHdim64ThreeWarpgroupsCausal
+                             : pick.kernel == FwdKernel::kHdim64TwoWarpgroups ? FwdKernel::kHdim64TwoWarpgroupsCausal
+                                                                              : pick.kernel;
     EXPECT_EQ(fwd_kernel(problem(64, pick.seqlen, pick.seqlen, true)), kernel) << "seqlen " << pick.seqlen;
   }
 }
@@ -61,6 +62,9 @@ TEST(Sm90FwdConfig, Hdim64) {
   EXPECT_EQ(fwd_kernel(problem(64, 8192, 8192, true)), FwdKernel::kHdim64Serial);
   EXPECT_EQ(fwd_kernel(problem(64, 8191, 8191, true)), FwdKernel::kHdim64ThreeWarpgroupsCausal);  // by the scores
   EXPECT_EQ(fwd_kernel(problem(64, 300, 1000, true)), FwdKernel::kHdim64ThreeWarpgroupsCausal);
+  // The 2 warpgroups by the scores: causal with the key blocks ascending, under a window the full softmax.
+  EXPECT_EQ(fwd_kernel(problem(64, 512, 512, true)), FwdKernel::kHdim64TwoWarpgroupsCausal);
+  EXPECT_EQ(fwd_kernel(problem(64, 512, 512, true, 200)), FwdKernel::kHdim64TwoWarpgroups);
 }
 
 TEST(Sm90FwdConfig, Hdim128) {

@@ -34,6 +34,7 @@ struct FwdConfig {
 // The kernels in order of head dim (launch_template.cuh instantiates a head dim's run of them).
 enum class FwdKernel {
   kHdim64TwoWarpgroups,
+  kHdim64TwoWarpgroupsCausal,
   kHdim64ThreeWarpgroups,
   kHdim64ThreeWarpgroupsOptimistic,
   kHdim64ThreeWarpgroupsCausal,
@@ -60,6 +61,7 @@ constexpr FwdConfig optimistic(FwdConfig config, bool keys_forward = false) {
 constexpr FwdConfig fwd_config(FwdKernel kernel) {
   switch (kernel) {
     case FwdKernel::kHdim64TwoWarpgroups: return {.head_dim = 64, .block_n = 128, .rescale_early = true};
+    case FwdKernel::kHdim64TwoWarpgroupsCausal: return optimistic(fwd_config(FwdKernel::kHdim64TwoWarpgroups), true);
     case FwdKernel::kHdim64ThreeWarpgroups: return {.head_dim = 64, .block_n = 128, .consumers = 3};
     case FwdKernel::kHdim64ThreeWarpgroupsOptimistic:
       return optimistic(fwd_config(FwdKernel::kHdim64ThreeWarpgroups));
@@ -93,7 +95,8 @@ inline bool tiles_end_aligned(const fa_params& p) { return p.causal && !is_varle
 // without a mask the optimistic softmax (+1-6%: steps 45, 46); causal (keys up to the diagonal, no left
 // edge) the optimistic softmax with the key blocks ascending, the first block then a full one whose maxima
 // hold (+2-5% at 700-12k keys; from the diagonal down the check fails often: 3-18% slower, steps 36, 45-47); a
-// window's left edge the full softmax (ascending 3-11% slower: the first block is masked).
+// window's left edge the full softmax (ascending 3-11% slower: the first block is masked). Head_dim 64's 2
+// warpgroups, picked causal only, in two (optimistic = full): +3-4% causal at 512 and 640 keys (step 49).
 inline FwdKernel by_mask(const Mask& mask, FwdKernel full, FwdKernel optimistic, FwdKernel keys_forward) {
   if (!mask.is_banded()) return optimistic;
   return mask.left < 0 ? keys_forward : full;
@@ -124,10 +127,10 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //                 (either block_n), without a mask with the optimistic softmax (+2-6% at 512-16k,
 //                 step 46), causal with it too, key blocks ascending (by_mask, above); single-tile
 //                 problems keep 2 warpgroups with block_n 128 and the early rescale (docs/sm90.md,
-//                 step 9). Causal from 8k rows: the 3 warpgroups with
-//                 serial GEMMs and block_n 192 (step 13); below, of those three kernels, the one
-//                 whose tiles compute the fewest scores (hdim64_causal_kernel, above: +1-11% at
-//                 384-4k keys, step 43).
+//                 step 9). Causal from 8k rows: the 3 warpgroups with serial GEMMs and block_n 192
+//                 (step 13); below, of those three kernels, the one whose tiles compute the fewest
+//                 scores (hdim64_causal_kernel, above: +1-11% at 384-4k keys, step 43), the 2
+//                 warpgroups' then in by_mask's two instantiations (step 49).
 //   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
 //                 seqlen_k 2k (without a mask or causal with the optimistic softmax: by_mask, above;
 //                 the block_n 144 kernel measured 3-17% slower there), and causal up to 12k keys
@@ -152,6 +155,8 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
     const FwdKernel kernel = !p.causal             ? FwdKernel::kHdim64ThreeWarpgroups
                              : p.seqlen_q >= 8192 ? FwdKernel::kHdim64Serial
                                                   : hdim64_causal_kernel(mask_of(p), tiles_end_aligned(p));
+    if (kernel == FwdKernel::kHdim64TwoWarpgroups)
+      return by_mask(mask_of(p), kernel, kernel, FwdKernel::kHdim64TwoWarpgroupsCausal);
     if (kernel != FwdKernel::kHdim64ThreeWarpgroups) return kernel;
     return by_mask(mask_of(p), kernel, FwdKernel::kHdim64ThreeWarpgroupsOptimistic,
                    FwdKernel::kHdim64ThreeWarpgroupsCausal);
