@@ -87,6 +87,22 @@ std::vector<Case> sm90_forward_cases() {
     Case serial = fa_test::make_case(dt, 3, 384, 384, 4, 2, 64);
     serial.causal = true;
     out.push_back(serial);
+    // 512 x 512 the 2 warpgroups, key blocks ascending with the optimistic softmax: the default scale, maxima
+    // that keep rising (0.6), P overflowing (8: the check fails, S issued again); 640 with GQA; varlen (tiles
+    // from row 0) up to 500 rows.
+    for (float scale : {0.f, 0.6f, 8.f}) {
+      Case two = fa_test::make_case(dt, 2, 512, 512, 4, 2, 64);
+      two.causal = true, two.softmax_scale = scale;
+      out.push_back(two);
+    }
+    Case two = fa_test::make_case(dt, 1, 640, 640, 8, 1, 64);
+    two.causal = true;
+    out.push_back(two);
+    Case tv;
+    tv.dtype = dt, tv.head_dim = 64, tv.num_heads = 4, tv.num_heads_kv = 2, tv.causal = true, tv.softmax_scale = 8.f;
+    tv.seqlens_q = {500, 0, 130, 1}, tv.seqlens_k = {480, 20, 300, 64};
+    tv.batch = 4, tv.seqlen_q = 500, tv.seqlen_k = 480;
+    out.push_back(tv);
     if (dt == FA_BFLOAT16) {
       c.batch = 1, c.seqlen_q = c.seqlen_k = 8200, c.num_heads = c.num_heads_kv = 1;
       out.push_back(c);
