@@ -76,10 +76,11 @@ TEST(Sm90FwdConfig, Hdim128) {
   EXPECT_EQ(fwd_kernel(problem(128, 1000, 1000, false, 300)), FwdKernel::kHdim128ShortKeys);
   EXPECT_EQ(fwd_kernel(problem(128, 1024, 1024, true)), FwdKernel::kHdim128ShortKeysCausal);
   EXPECT_EQ(fwd_kernel(problem(128, 1024, 1024, true, 500)), FwdKernel::kHdim128ShortKeys);
-  // Causal up to 12k keys too.
+  // Causal at every length too.
   EXPECT_EQ(fwd_kernel(problem(128, 12288, 12288, true)), FwdKernel::kHdim128ShortKeysCausal);
   EXPECT_EQ(fwd_kernel(problem(128, 8192, 8192, true, 2048)), FwdKernel::kHdim128ShortKeys);
-  EXPECT_EQ(fwd_kernel(problem(128, 12289, 12289, true)), FwdKernel::kHdim128Serial);
+  EXPECT_EQ(fwd_kernel(problem(128, 32768, 32768, true)), FwdKernel::kHdim128ShortKeysCausal);
+  EXPECT_EQ(fwd_kernel(problem(128, 4000, 4000, true, -1, true)), FwdKernel::kHdim128ShortKeysCausal);
   EXPECT_EQ(fwd_kernel(problem(128, 3000, 3000, false, 500)), FwdKernel::kHdim128Serial);
   // Without a mask past 2k queries and keys: block_n 144; fewer queries: the 3 warpgroups, both splitting.
   EXPECT_EQ(fwd_kernel(problem(128, 2049, 2049)), FwdKernel::kHdim128LongNoMask);

@@ -108,12 +108,12 @@ std::vector<Case> sm90_forward_cases() {
       out.push_back(c);
       c.head_dim = 128, c.seqlen_q = 4200, c.seqlen_k = 4300, c.num_heads = 2;
       out.push_back(c);
-      // Head_dim 128 causal past 12k keys: the 3 consumer warpgroups (below, 2 in ping-pong).
+      // Head_dim 128 causal past 12k keys (the 2 warpgroups in ping-pong at every length).
       c.seqlen_q = 12400, c.seqlen_k = 12500, c.num_heads = 1;
       out.push_back(c);
     }
     // Head_dim 128 past 2k keys (3 consumer warpgroups, serial GEMMs) with varlen, a window,
-    // softcap; causal with 2k-4k keys (2 warpgroups in ping-pong, block_n 128, up to 12k keys).
+    // softcap; causal with 2k-4k keys (2 warpgroups in ping-pong, block_n 128).
     Case w;
     w.dtype = dt, w.head_dim = 128, w.num_heads = 4, w.num_heads_kv = 2, w.window_left = 500, w.softcap = 20.f;
     w.seqlens_q = {300, 0, 2500, 1}, w.seqlens_k = {3000, 100, 2600, 2200};

@@ -11,10 +11,6 @@
 #include "common/tile_geometry.hpp"
 #include "flashattn/flashattn.h"
 
-// Dev switch: causal head_dim 128 up to this many keys on the short-key 2-warpgroup kernel.
-#ifndef FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS
-#define FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS 12288
-#endif
 namespace flashattn::cuda::sm90 {
 
 // How a kernel runs: its tile and the pipeline's choices (params.cuh says what each costs and buys).
@@ -133,9 +129,9 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //                 warpgroups' then in by_mask's two instantiations (step 49).
 //   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
 //                 seqlen_k 2k (without a mask or causal with the optimistic softmax: by_mask, above;
-//                 the block_n 144 kernel measured 3-17% slower there), and causal up to 12k keys
-//                 (+3-13% at 2.5k-12k over the 3 warpgroups with L2 flushed between calls, even at 4k
-//                 and 16k, 3% slower at 16k with 32 heads: steps 38, 40);
+//                 the block_n 144 kernel measured 3-17% slower there), and causal at any length
+//                 (+3-13% at 2.5k-12k over the 3 warpgroups with L2 flushed between calls, steps 38,
+//                 40; with step 47's ascending keys +1-5% at 14k-32k and 16k with a window, step 49);
 //                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
 //                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
 //                 kernels of that time (block_n 128 and 176, before ping-pong and q in registers),
@@ -162,7 +158,7 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
                    FwdKernel::kHdim64ThreeWarpgroupsCausal);
   }
   if (p.head_dim == 128) {
-    if (p.seqlen_k <= 2048 || (p.causal && p.seqlen_k <= FLASHATTN_SM90_CAUSAL_PINGPONG_KEYS))
+    if (p.seqlen_k <= 2048 || p.causal)
       return by_mask(mask_of(p), FwdKernel::kHdim128ShortKeys, FwdKernel::kHdim128ShortKeysOptimistic,
                      FwdKernel::kHdim128ShortKeysCausal);
     // Without a mask every tile sees every key: the last round's tiles split.
