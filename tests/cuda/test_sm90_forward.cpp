@@ -98,10 +98,8 @@ std::vector<Case> sm90_forward_cases() {
     Case two = fa_test::make_case(dt, 1, 640, 640, 8, 1, 64);
     two.causal = true;
     out.push_back(two);
-    Case tv;
-    tv.dtype = dt, tv.head_dim = 64, tv.num_heads = 4, tv.num_heads_kv = 2, tv.causal = true, tv.softmax_scale = 8.f;
-    tv.seqlens_q = {500, 0, 130, 1}, tv.seqlens_k = {480, 20, 300, 64};
-    tv.batch = 4, tv.seqlen_q = 500, tv.seqlen_k = 480;
+    Case tv = fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 4, 2, 64), {500, 0, 130, 1}, {480, 20, 300, 64});
+    tv.causal = true, tv.softmax_scale = 8.f;
     out.push_back(tv);
     if (dt == FA_BFLOAT16) {
       c.batch = 1, c.seqlen_q = c.seqlen_k = 8200, c.num_heads = c.num_heads_kv = 1;

@@ -454,6 +454,15 @@ Case make_case(fa_dtype dtype, int batch, int seqlen_q, int seqlen_k, int num_he
   return c;
 }
 
+Case varlen(Case c, std::vector<int> q, std::vector<int> k) {
+  c.seqlens_q = std::move(q);
+  c.seqlens_k = std::move(k);
+  c.batch = int(c.seqlens_q.size());
+  c.seqlen_q = *std::max_element(c.seqlens_q.begin(), c.seqlens_q.end());
+  c.seqlen_k = *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end());
+  return c;
+}
+
 namespace {
 
 Case causal(Case c) {
@@ -468,14 +477,6 @@ Case window(Case c, int left, int right) {
 Case softcap(Case c, float cap, float scale) {
   c.softcap = cap;
   c.softmax_scale = scale;
-  return c;
-}
-Case varlen(Case c, std::vector<int> q, std::vector<int> k) {
-  c.seqlens_q = std::move(q);
-  c.seqlens_k = std::move(k);
-  c.batch = int(c.seqlens_q.size());
-  c.seqlen_q = *std::max_element(c.seqlens_q.begin(), c.seqlens_q.end());
-  c.seqlen_k = *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end());
   return c;
 }
 Case strided(Case c, bool bhsd, int padding) {

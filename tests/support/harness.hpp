@@ -45,6 +45,8 @@ struct Case {  // one problem
 
 // A Case with these sizes and dtype, every other field at its default.
 Case make_case(fa_dtype dtype, int batch, int seqlen_q, int seqlen_k, int num_heads, int num_heads_kv, int head_dim);
+// c as a varlen batch of these sequence lengths (batch and the maxima from them).
+Case varlen(Case c, std::vector<int> seqlens_q, std::vector<int> seqlens_k);
 
 // gtest prints a Case parameter by its name.
 inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
