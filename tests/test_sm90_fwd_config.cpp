@@ -81,7 +81,12 @@ TEST(Sm90FwdConfig, Hdim128) {
   EXPECT_EQ(fwd_kernel(problem(128, 8192, 8192, true, 2048)), FwdKernel::kHdim128ShortKeys);
   EXPECT_EQ(fwd_kernel(problem(128, 32768, 32768, true)), FwdKernel::kHdim128ShortKeysCausal);
   EXPECT_EQ(fwd_kernel(problem(128, 4000, 4000, true, -1, true)), FwdKernel::kHdim128ShortKeysCausal);
-  EXPECT_EQ(fwd_kernel(problem(128, 3000, 3000, false, 500)), FwdKernel::kHdim128Serial);
+  // Windows with a left edge at every length; a right edge alone past 2k keys takes the 3 warpgroups.
+  EXPECT_EQ(fwd_kernel(problem(128, 3000, 3000, false, 500)), FwdKernel::kHdim128ShortKeys);
+  EXPECT_EQ(fwd_kernel(problem(128, 16384, 16384, false, 4096, true)), FwdKernel::kHdim128ShortKeys);
+  fa_params right_only = problem(128, 8192, 8192);
+  right_only.window_right = 1024;
+  EXPECT_EQ(fwd_kernel(right_only), FwdKernel::kHdim128Serial);
   // Without a mask past 2k queries and keys: block_n 144; fewer queries: the 3 warpgroups, both splitting.
   EXPECT_EQ(fwd_kernel(problem(128, 2049, 2049)), FwdKernel::kHdim128LongNoMask);
   EXPECT_EQ(fwd_kernel(problem(128, 16384, 16384)), FwdKernel::kHdim128LongNoMask);

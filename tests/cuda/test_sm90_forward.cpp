@@ -110,13 +110,19 @@ std::vector<Case> sm90_forward_cases() {
       c.seqlen_q = 12400, c.seqlen_k = 12500, c.num_heads = 1;
       out.push_back(c);
     }
-    // Head_dim 128 past 2k keys (3 consumer warpgroups, serial GEMMs) with varlen, a window,
-    // softcap; causal with 2k-4k keys (2 warpgroups in ping-pong, block_n 128).
+    // Head_dim 128 past 2k keys with varlen and softcap: without a window (3 consumer warpgroups, serial
+    // GEMMs), with a left edge (2 warpgroups in ping-pong, block_n 128, the full softmax), with a right edge
+    // alone (the 3 warpgroups); causal with 2k-4k keys (2 warpgroups, the optimistic softmax).
     Case w;
-    w.dtype = dt, w.head_dim = 128, w.num_heads = 4, w.num_heads_kv = 2, w.window_left = 500, w.softcap = 20.f;
+    w.dtype = dt, w.head_dim = 128, w.num_heads = 4, w.num_heads_kv = 2, w.softcap = 20.f;
     w.seqlens_q = {300, 0, 2500, 1}, w.seqlens_k = {3000, 100, 2600, 2200};
     w.batch = 4, w.seqlen_q = 2500, w.seqlen_k = 3000;
     out.push_back(w);
+    w.window_left = 500;
+    out.push_back(w);
+    w.window_left = -1, w.window_right = 700;
+    out.push_back(w);
+    w.window_right = -1;
     if (dt == FA_BFLOAT16) {
       w.num_heads = 2, w.num_heads_kv = 1, w.window_left = -1, w.softcap = 0.f, w.causal = true;
       w.seqlens_q = {4200, 3, 0}, w.seqlens_k = {4400, 4300, 10};

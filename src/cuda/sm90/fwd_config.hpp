@@ -131,7 +131,9 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //                 seqlen_k 2k (without a mask or causal with the optimistic softmax: by_mask, above;
 //                 the block_n 144 kernel measured 3-17% slower there), and causal at any length
 //                 (+3-13% at 2.5k-12k over the 3 warpgroups with L2 flushed between calls, steps 38,
-//                 40; with step 47's ascending keys +1-5% at 14k-32k and 16k with a window, step 49);
+//                 40; with step 47's ascending keys +1-5% at 14k-32k and 16k with a window, step 49),
+//                 and windows with a left edge at any length (+7-28% at 4k-16k, step 49; a window
+//                 with a right edge only, all but unmasked, read 0.98 there and stays below);
 //                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
 //                 non-causal at 4k-16k, +1-3% causal at 4k and +3-5% at 8k over the 2-warpgroup
 //                 kernels of that time (block_n 128 and 176, before ping-pong and q in registers),
@@ -158,7 +160,8 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
                    FwdKernel::kHdim64ThreeWarpgroupsCausal);
   }
   if (p.head_dim == 128) {
-    if (p.seqlen_k <= 2048 || p.causal)
+    // Past 2k keys: causal, and windows with a left edge (their tiles see a band of keys).
+    if (p.seqlen_k <= 2048 || p.causal || mask_of(p).left >= 0)
       return by_mask(mask_of(p), FwdKernel::kHdim128ShortKeys, FwdKernel::kHdim128ShortKeysOptimistic,
                      FwdKernel::kHdim128ShortKeysCausal);
     // Without a mask every tile sees every key: the last round's tiles split.
