@@ -250,8 +250,9 @@ struct Traits {
   // asks for it: head_dim 128 without a mask, in the block_n 144 kernel (long: +6.5% at 16k, +4.4% at
   // 8k; docs/sm90.md, step 37) and in the short-key one (block_n 128: +1-5% at 512-2k keys, step 45),
   // and head_dim 64 without a mask (3 warpgroups: +2-6% at 512-16k; step 46); causal in both with the
-  // key blocks ascending (fwd_config.hpp's by_mask; step 47), and in head_dim 64's 2 warpgroups (step 49). The block whose max moved issues S again,
-  // from q in registers or, at head_dim 64, from q in shared memory (released after the check).
+  // key blocks ascending (fwd_config.hpp's by_mask; step 47), and in head_dim 64's 2 warpgroups (step 49).
+  // The block whose max moved issues S again, from q in registers or, at head_dim 64, from q in shared
+  // memory (released after the check).
   static constexpr bool kOptimisticMax =
       FLASHATTN_SM90_OPT_MAX > 0 && kConfig.optimistic_max && !kSerial && !kTileOverlap;
   // The order of a tile's key blocks (producer and consumers alike, KeyOrder): from the last down, the
