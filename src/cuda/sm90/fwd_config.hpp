@@ -11,6 +11,12 @@
 #include "common/tile_geometry.hpp"
 #include "flashattn/flashattn.h"
 
+// Dev switch, not measured yet: hdim64_causal_kernel's weight on the 2-warpgroup kernel's scores. Its causal
+// instantiation gained 3-4% at 512-640 keys in step 49; at 1.12 the picks at 384, 896 and 1024 keys move to it
+// (the 3-warpgroup or serial kernel computes 1.125x its scores there).
+#ifndef FLASHATTN_SM90_HDIM64_TWO_WEIGHT
+#define FLASHATTN_SM90_HDIM64_TWO_WEIGHT 1.16
+#endif
 namespace flashattn::cuda::sm90 {
 
 // How a kernel runs: its tile and the pipeline's choices (params.cuh says what each costs and buys).
@@ -108,7 +114,7 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
   constexpr FwdConfig kTwo = fwd_config(FwdKernel::kHdim64TwoWarpgroups),
                       kThree = fwd_config(FwdKernel::kHdim64ThreeWarpgroups),
                       kSerial = fwd_config(FwdKernel::kHdim64Serial);
-  const double two = 1.16 * tile_scores<kTwo.block_m(), kTwo.block_n>(mask, end_aligned),
+  const double two = FLASHATTN_SM90_HDIM64_TWO_WEIGHT * tile_scores<kTwo.block_m(), kTwo.block_n>(mask, end_aligned),
                three = tile_scores<kThree.block_m(), kThree.block_n>(mask, end_aligned),
                serial = tile_scores<kSerial.block_m(), kSerial.block_n>(mask, end_aligned);
   if (two <= three && two <= serial) return FwdKernel::kHdim64TwoWarpgroups;
