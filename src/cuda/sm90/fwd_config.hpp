@@ -104,6 +104,20 @@ inline FwdKernel by_mask(const Mask& mask, FwdKernel full, FwdKernel optimistic,
   return mask.left < 0 ? keys_forward : full;
 }
 
+// A kernel's instantiation for the mask, where it has several (by_mask); any other kernel as it is.
+inline FwdKernel for_mask(FwdKernel kernel, const Mask& mask) {
+  switch (kernel) {
+    case FwdKernel::kHdim64TwoWarpgroups:
+      return by_mask(mask, kernel, kernel, FwdKernel::kHdim64TwoWarpgroupsCausal);
+    case FwdKernel::kHdim64ThreeWarpgroups:
+      return by_mask(mask, kernel, FwdKernel::kHdim64ThreeWarpgroupsOptimistic,
+                     FwdKernel::kHdim64ThreeWarpgroupsCausal);
+    case FwdKernel::kHdim128ShortKeys:
+      return by_mask(mask, kernel, FwdKernel::kHdim128ShortKeysOptimistic, FwdKernel::kHdim128ShortKeysCausal);
+    default: return kernel;
+  }
+}
+
 // Causal head_dim 64 (below 8k queries): which of its three kernels computes the fewest scores, the
 // 2-warpgroup kernel's counted 1.16x. Its softmax has no third warpgroup's GEMMs to hide behind: 1.11-1.19x
 // the time per score of the 3-warpgroup kernels at 384-1k keys, the two 3-warpgroup kernels within 2% of
@@ -159,17 +173,12 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
     const FwdKernel kernel = !p.causal             ? FwdKernel::kHdim64ThreeWarpgroups
                              : p.seqlen_q >= 8192 ? FwdKernel::kHdim64Serial
                                                   : hdim64_causal_kernel(mask_of(p), tiles_end_aligned(p));
-    if (kernel == FwdKernel::kHdim64TwoWarpgroups)
-      return by_mask(mask_of(p), kernel, kernel, FwdKernel::kHdim64TwoWarpgroupsCausal);
-    if (kernel != FwdKernel::kHdim64ThreeWarpgroups) return kernel;
-    return by_mask(mask_of(p), kernel, FwdKernel::kHdim64ThreeWarpgroupsOptimistic,
-                   FwdKernel::kHdim64ThreeWarpgroupsCausal);
+    return for_mask(kernel, mask_of(p));
   }
   if (p.head_dim == 128) {
     // Past 2k keys: causal, and windows with a left edge (their tiles see a band of keys).
     if (p.seqlen_k <= 2048 || p.causal || mask_of(p).left >= 0)
-      return by_mask(mask_of(p), FwdKernel::kHdim128ShortKeys, FwdKernel::kHdim128ShortKeysOptimistic,
-                     FwdKernel::kHdim128ShortKeysCausal);
+      return for_mask(FwdKernel::kHdim128ShortKeys, mask_of(p));
     // Without a mask every tile sees every key: the last round's tiles split.
     if (equal_tasks(p) && p.seqlen_q > 2048 && p.seqlen_k > 2048) return FwdKernel::kHdim128LongNoMask;
     return equal_tasks(p) ? FwdKernel::kHdim128SerialSplit : FwdKernel::kHdim128Serial;

@@ -439,7 +439,7 @@ struct Consumer {
   // deferred_q_release >= 0: the q buffer that the tile before stored O from with TMA, freed here
   // once the store has read it.
   // Software pipelined inside the warpgroup: while the tensor cores compute S of block n and
-  // O += P v of block n + 1 (the previous one; blocks run backwards), the warpgroup waits only
+  // O += P v of the block before it in KeyOrder (n + 1, or n - 1 ascending), the warpgroup waits only
   // for S, runs the softmax of block n, then waits for O to rescale it.
   __device__ __forceinline__ void run_tile(SharedStorage<T>& smem, const FwdParams& p, const Tile& tile,
                                            int consumer_wg, PipelineState<T::kStages>& pipe,
