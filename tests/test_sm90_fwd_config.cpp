@@ -113,6 +113,12 @@ TEST(Sm90FwdConfig, EveryChoiceIsOfTheProblemsHeadDim) {
 }
 
 TEST(Sm90FwdConfig, Hdim256) {
+  // Up to 1k keys ping-pong, any mask.
+  EXPECT_EQ(fwd_kernel(problem(256, 512, 512)), FwdKernel::kHdim256ShortKeys);
+  EXPECT_EQ(fwd_kernel(problem(256, 1024, 1024, true)), FwdKernel::kHdim256ShortKeys);
+  EXPECT_EQ(fwd_kernel(problem(256, 640, 1000, false, 300, true)), FwdKernel::kHdim256ShortKeys);
+  EXPECT_EQ(fwd_kernel(problem(256, 1025, 1025, true)), FwdKernel::kHdim256);
+  EXPECT_EQ(fwd_kernel(problem(256, 512, 1025)), FwdKernel::kHdim256);
   EXPECT_EQ(fwd_kernel(problem(256, 512, 8192)), FwdKernel::kHdim256);
   EXPECT_EQ(fwd_kernel(problem(256, 512, 8193)), FwdKernel::kHdim256LongNoMask);
   EXPECT_EQ(fwd_kernel(problem(256, 16384, 16384, true)), FwdKernel::kHdim256);

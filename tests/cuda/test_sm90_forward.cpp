@@ -55,6 +55,13 @@ std::vector<Case> sm90_forward_cases() {
       out.push_back(l);
       l.causal = true;
       out.push_back(l);
+      // Head_dim 256 up to 1k keys (ping-pong) with several tiles a CTA, GQA 4:1, without a mask and causal.
+      if (d == 256) {
+        Case pp = fa_test::make_case(dt, 4, 640, 1000, 16, 4, 256);
+        out.push_back(pp);
+        pp.causal = true;
+        out.push_back(pp);
+      }
       // Several tiles per CTA with empty ones among them (rows before the window, sequences
       // without keys): the release of an empty tile's q once every warp has seen it arrive (a
       // hang at head_dim 256, one q buffer, before the fix).

@@ -11,12 +11,6 @@
 #include "common/tile_geometry.hpp"
 #include "flashattn/flashattn.h"
 
-// Dev switch, not measured yet: hdim64_causal_kernel's weight on the 2-warpgroup kernel's scores. Its causal
-// instantiation gained 3-4% at 512-640 keys in step 49; at 1.12 the picks at 384, 896 and 1024 keys move to it
-// (the 3-warpgroup or serial kernel computes 1.125x its scores there).
-#ifndef FLASHATTN_SM90_HDIM64_TWO_WEIGHT
-#define FLASHATTN_SM90_HDIM64_TWO_WEIGHT 1.16
-#endif
 namespace flashattn::cuda::sm90 {
 
 // How a kernel runs: its tile and the pipeline's choices (params.cuh says what each costs and buys).
@@ -30,6 +24,7 @@ struct FwdConfig {
   bool tail_split = false;      // the last round's tiles split (problems without a mask)
   bool optimistic_max = false;  // the softmax without the block max (Consumer::optimistic_softmax)
   bool keys_forward = false;    // a tile's key blocks ascending, not from the last down (KeyOrder)
+  bool pingpong = false;        // the 2 consumer warpgroups take turns at their GEMMs (Traits::kPingPong)
   constexpr int block_m() const { return 64 * consumers; }
 };
 
@@ -47,6 +42,7 @@ enum class FwdKernel {
   kHdim128LongNoMask,
   kHdim128SerialSplit,
   kHdim128Serial,
+  kHdim256ShortKeys,
   kHdim256,
   kHdim256LongNoMask,
 };
@@ -70,7 +66,8 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
     case FwdKernel::kHdim64ThreeWarpgroupsCausal:
       return optimistic(fwd_config(FwdKernel::kHdim64ThreeWarpgroups), true);
     case FwdKernel::kHdim64Serial: return {.head_dim = 64, .block_n = 192, .consumers = 3, .serial = true};
-    case FwdKernel::kHdim128ShortKeys: return {.head_dim = 128, .block_n = 128, .rescale_early = true};
+    case FwdKernel::kHdim128ShortKeys:
+      return {.head_dim = 128, .block_n = 128, .rescale_early = true, .pingpong = true};
     case FwdKernel::kHdim128ShortKeysOptimistic: return optimistic(fwd_config(FwdKernel::kHdim128ShortKeys));
     case FwdKernel::kHdim128ShortKeysCausal: return optimistic(fwd_config(FwdKernel::kHdim128ShortKeys), true);
     case FwdKernel::kHdim128LongNoMask:
@@ -78,6 +75,7 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
     case FwdKernel::kHdim128SerialSplit:
       return {.head_dim = 128, .block_n = 128, .consumers = 3, .serial = true, .tail_split = true};
     case FwdKernel::kHdim128Serial: return {.head_dim = 128, .block_n = 128, .consumers = 3, .serial = true};
+    case FwdKernel::kHdim256ShortKeys: return {.head_dim = 256, .block_n = 64, .pingpong = true};
     case FwdKernel::kHdim256: return {.head_dim = 256, .block_n = 64};
     case FwdKernel::kHdim256LongNoMask: return {.head_dim = 256, .block_n = 80};
   }
@@ -128,7 +126,7 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
   constexpr FwdConfig kTwo = fwd_config(FwdKernel::kHdim64TwoWarpgroups),
                       kThree = fwd_config(FwdKernel::kHdim64ThreeWarpgroups),
                       kSerial = fwd_config(FwdKernel::kHdim64Serial);
-  const double two = FLASHATTN_SM90_HDIM64_TWO_WEIGHT * tile_scores<kTwo.block_m(), kTwo.block_n>(mask, end_aligned),
+  const double two = 1.16 * tile_scores<kTwo.block_m(), kTwo.block_n>(mask, end_aligned),
                three = tile_scores<kThree.block_m(), kThree.block_n>(mask, end_aligned),
                serial = tile_scores<kSerial.block_m(), kSerial.block_n>(mask, end_aligned);
   if (two <= three && two <= serial) return FwdKernel::kHdim64TwoWarpgroups;
@@ -165,8 +163,9 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //                 3-warpgroup kernel in an instantiation of its own: step 29).
 //   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
 //                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
-//                 (+16-27% at 512 keys, epilogue.cuh); block_n 80 (no room left for the slab)
-//                 non-causal past 8k keys: +3% at 16k, even at 8k, 2-8% slower below.
+//                 (+16-27% at 512 keys, epilogue.cuh); up to 1k keys with ping-pong (+1-2.5% at
+//                 512-1k, even at 2k-4k, 3% slower causal at 16k: step 50); block_n 80 (no room
+//                 left for the slab) non-causal past 8k keys: +3% at 16k, even at 8k, 2-8% slower below.
 inline FwdKernel fwd_kernel(const fa_params& p) {
   if (p.head_dim == 64) {
     if (p.seqlen_q <= 128) return FwdKernel::kHdim64TwoWarpgroups;
@@ -183,6 +182,7 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
     if (equal_tasks(p) && p.seqlen_q > 2048 && p.seqlen_k > 2048) return FwdKernel::kHdim128LongNoMask;
     return equal_tasks(p) ? FwdKernel::kHdim128SerialSplit : FwdKernel::kHdim128Serial;
   }
+  if (p.seqlen_k <= 1024) return FwdKernel::kHdim256ShortKeys;
   return !p.causal && p.seqlen_k > 8192 ? FwdKernel::kHdim256LongNoMask : FwdKernel::kHdim256;
 }
 

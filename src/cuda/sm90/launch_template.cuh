@@ -272,7 +272,8 @@ auto with_fwd_config(const fa_params& p, F&& f) {
                               .rescale_early = bool(FLASHATTN_SM90_RESCALE_EARLY),
                               .tile_overlap = bool(FLASHATTN_SM90_TILE_OVERLAP),
                               .serial = FLASHATTN_SM90_SERIAL && kConsumers == 3,
-                              .optimistic_max = kBlockN == 144};
+                              .optimistic_max = kBlockN == 144,
+                              .pingpong = kHeadDim == 128 && kBlockN == 128 && kConsumers == 2};
   return f(TraitsTag<Traits<kConfig, kBf16>>{});
 #else
   return with_kernel_traits<kHeadDim, kBf16>(fwd_kernel(p), f);

@@ -200,11 +200,11 @@ struct Traits {
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Ping-pong: the two consumer warpgroups take turns at issuing their GEMMs (mainloop.cuh). With the
   // softmax already overlapped inside each warpgroup it measured 1-8% slower at most shapes (docs/sm90.md,
-  // steps 4-6). Today it pays in the short-key head_dim 128 kernel (block_n 128): +1-4% causal at
-  // 384-1k keys, even non-causal; 2% slower at head_dim 64, even at 256 and with block_n 144 (step 33).
+  // steps 4-6). Today it pays in the short-key kernels where their configuration asks: head_dim 128
+  // (block_n 128) +1-4% causal at 384-1k keys, even non-causal (step 33); head_dim 256 up to 1k keys
+  // +1-2.5% (step 50). At head_dim 64 1-2% slower (steps 33, 50), as with block_n 144.
   static constexpr bool kPingPong =
-      kConsumerWarpgroups == 2 &&
-      (FLASHATTN_SM90_PINGPONG < 0 ? kHeadDim == 128 && kBlockN == 128 : FLASHATTN_SM90_PINGPONG > 0);
+      kConsumerWarpgroups == 2 && (FLASHATTN_SM90_PINGPONG < 0 ? kConfig.pingpong : FLASHATTN_SM90_PINGPONG > 0);
   // Each consumer warpgroup runs its GEMMs one at a time (no overlap inside the warpgroup; the
   // other two warpgroups' GEMMs overlap its softmax): S and P are not live beside the next S,
   // which lets block_n grow (head_dim 64: 192) within 128 registers.
