@@ -76,10 +76,14 @@ TEST(Sm90FwdConfig, Hdim128) {
   EXPECT_EQ(fwd_kernel(problem(128, 1000, 1000, false, 300)), FwdKernel::kHdim128ShortKeys);
   EXPECT_EQ(fwd_kernel(problem(128, 1024, 1024, true)), FwdKernel::kHdim128ShortKeysCausal);
   EXPECT_EQ(fwd_kernel(problem(128, 1024, 1024, true, 500)), FwdKernel::kHdim128ShortKeys);
-  // Causal at every length too.
-  EXPECT_EQ(fwd_kernel(problem(128, 12288, 12288, true)), FwdKernel::kHdim128ShortKeysCausal);
+  // Causal up to 8k keys too, and with a left edge at every length; past 8k keys block_n 144.
+  EXPECT_EQ(fwd_kernel(problem(128, 8192, 8192, true)), FwdKernel::kHdim128ShortKeysCausal);
+  EXPECT_EQ(fwd_kernel(problem(128, 8192, 8193, true)), FwdKernel::kHdim128LongCausal);
+  EXPECT_EQ(fwd_kernel(problem(128, 12288, 12288, true)), FwdKernel::kHdim128LongCausal);
+  EXPECT_EQ(fwd_kernel(problem(128, 300, 8300, true)), FwdKernel::kHdim128LongCausal);
+  EXPECT_EQ(fwd_kernel(problem(128, 9000, 9100, true, -1, true)), FwdKernel::kHdim128LongCausal);
   EXPECT_EQ(fwd_kernel(problem(128, 8192, 8192, true, 2048)), FwdKernel::kHdim128ShortKeys);
-  EXPECT_EQ(fwd_kernel(problem(128, 32768, 32768, true)), FwdKernel::kHdim128ShortKeysCausal);
+  EXPECT_EQ(fwd_kernel(problem(128, 16384, 16384, true, 4096)), FwdKernel::kHdim128ShortKeys);
   EXPECT_EQ(fwd_kernel(problem(128, 4000, 4000, true, -1, true)), FwdKernel::kHdim128ShortKeysCausal);
   // Windows with a left edge at every length; a right edge alone past 2k keys takes the 3 warpgroups.
   EXPECT_EQ(fwd_kernel(problem(128, 3000, 3000, false, 500)), FwdKernel::kHdim128ShortKeys);

@@ -113,9 +113,12 @@ std::vector<Case> sm90_forward_cases() {
       out.push_back(c);
       c.head_dim = 128, c.seqlen_q = 4200, c.seqlen_k = 4300, c.num_heads = 2;
       out.push_back(c);
-      // Head_dim 128 causal past 12k keys (the 2 warpgroups in ping-pong at every length).
+      // Head_dim 128 causal past 8k keys (block_n 144, a partial last key block), fixed length and varlen.
       c.seqlen_q = 12400, c.seqlen_k = 12500, c.num_heads = 1;
       out.push_back(c);
+      Case lv = fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 2, 1, 128), {9000, 5, 0}, {9100, 8300, 7});
+      lv.causal = true;
+      out.push_back(lv);
     }
     // Head_dim 128 past 2k keys with varlen and softcap: without a window (3 consumer warpgroups, serial
     // GEMMs), with a left edge (2 warpgroups in ping-pong, block_n 128, the full softmax), with a right edge

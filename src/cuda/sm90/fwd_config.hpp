@@ -40,6 +40,7 @@ enum class FwdKernel {
   kHdim128ShortKeysOptimistic,
   kHdim128ShortKeysCausal,
   kHdim128LongNoMask,
+  kHdim128LongCausal,
   kHdim128SerialSplit,
   kHdim128Serial,
   kHdim256ShortKeys,
@@ -72,6 +73,7 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
     case FwdKernel::kHdim128ShortKeysCausal: return optimistic(fwd_config(FwdKernel::kHdim128ShortKeys), true);
     case FwdKernel::kHdim128LongNoMask:
       return {.head_dim = 128, .block_n = 144, .tail_split = true, .optimistic_max = true};
+    case FwdKernel::kHdim128LongCausal: return optimistic({.head_dim = 128, .block_n = 144}, true);
     case FwdKernel::kHdim128SerialSplit:
       return {.head_dim = 128, .block_n = 128, .consumers = 3, .serial = true, .tail_split = true};
     case FwdKernel::kHdim128Serial: return {.head_dim = 128, .block_n = 128, .consumers = 3, .serial = true};
@@ -147,9 +149,11 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //                 warpgroups' then in by_mask's two instantiations (step 49).
 //   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
 //                 seqlen_k 2k (without a mask or causal with the optimistic softmax: by_mask, above;
-//                 the block_n 144 kernel measured 3-17% slower there), and causal at any length
+//                 the block_n 144 kernel measured 3-17% slower there), and causal up to 8k keys
 //                 (+3-13% at 2.5k-12k over the 3 warpgroups with L2 flushed between calls, steps 38,
-//                 40; with step 47's ascending keys +1-5% at 14k-32k and 16k with a window, step 49),
+//                 40; with step 47's ascending keys +1-5% at 14k-32k and 16k with a window, step 49;
+//                 past 8k keys without a left edge block_n 144 in the same form: +1-3% at 12k-32k,
+//                 even at 8k, 2% slower at 3k-4k, step 50),
 //                 and windows with a left edge at any length (+7-28% at 4k-16k, step 49; a window
 //                 with a right edge only, all but unmasked, read 0.98 there and stays below);
 //                 above, 3 consumer warpgroups with serial GEMMs and block_n 128: +1.5-2%
@@ -175,9 +179,11 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
     return for_mask(kernel, mask_of(p));
   }
   if (p.head_dim == 128) {
+    const Mask mask = mask_of(p);
+    // Causal past 8k keys (no left edge): block_n 144, the optimistic softmax with the key blocks ascending.
+    if (p.causal && mask.left < 0 && p.seqlen_k > 8192) return FwdKernel::kHdim128LongCausal;
     // Past 2k keys: causal, and windows with a left edge (their tiles see a band of keys).
-    if (p.seqlen_k <= 2048 || p.causal || mask_of(p).left >= 0)
-      return for_mask(FwdKernel::kHdim128ShortKeys, mask_of(p));
+    if (p.seqlen_k <= 2048 || p.causal || mask.left >= 0) return for_mask(FwdKernel::kHdim128ShortKeys, mask);
     // Without a mask every tile sees every key: the last round's tiles split.
     if (equal_tasks(p) && p.seqlen_q > 2048 && p.seqlen_k > 2048) return FwdKernel::kHdim128LongNoMask;
     return equal_tasks(p) ? FwdKernel::kHdim128SerialSplit : FwdKernel::kHdim128Serial;
