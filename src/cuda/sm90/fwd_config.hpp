@@ -168,8 +168,9 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
 //                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
 //                 (+16-27% at 512 keys, epilogue.cuh); up to 1k keys with ping-pong (+1-2.5% at
-//                 512-1k, even at 2k-4k, 3% slower causal at 16k: step 50); block_n 80 (no room
-//                 left for the slab) non-causal past 8k keys: +3% at 16k, even at 8k, 2-8% slower below.
+//                 512-1k with the L2 warm, 0-2% with it flushed; even at 2k-4k, 3% slower causal at
+//                 16k: step 50); block_n 80 (no room left for the slab) non-causal past 8k keys: +3% at
+//                 16k, even at 8k, 2-8% slower below.
 inline FwdKernel fwd_kernel(const fa_params& p) {
   if (p.head_dim == 64) {
     if (p.seqlen_q <= 128) return FwdKernel::kHdim64TwoWarpgroups;
