@@ -74,10 +74,10 @@ std::vector<Case> sm90_forward_cases() {
         out.push_back(e);
       }
     }
-    // Causal with many query rows: head_dim 64 below 8k rows runs the kernel whose tiles compute the
+    // Causal with many query rows: head_dim 64 up to 2k keys runs the kernel whose tiles compute the
     // fewest scores (hdim64_causal_kernel: 1500 x 1700 the 3 consumer warpgroups with block_n 128, 384 x
-    // 384 the serial ones with block_n 192), from 8k rows the serial one, its tiles longest first over
-    // all heads (below, in sections sized by the schedule's model: launch_template.cuh).
+    // 384 the serial ones with block_n 192), past them the 3 warpgroups, from 8k rows their tiles longest
+    // first over all heads (below, in sections sized by the schedule's model: launch_template.cuh).
     Case c;
     c.dtype = dt, c.head_dim = 64, c.batch = 2, c.seqlen_q = 1500, c.seqlen_k = 1700, c.num_heads = 4;
     c.num_heads_kv = 2, c.causal = true;
@@ -111,6 +111,10 @@ std::vector<Case> sm90_forward_cases() {
     if (dt == FA_BFLOAT16) {
       c.batch = 1, c.seqlen_q = c.seqlen_k = 8200, c.num_heads = c.num_heads_kv = 1;
       out.push_back(c);
+      // From 8k rows a window's left edge: the 3 warpgroups with the full softmax.
+      c.window_left = 1000;
+      out.push_back(c);
+      c.window_left = -1;
       c.head_dim = 128, c.seqlen_q = 4200, c.seqlen_k = 4300, c.num_heads = 2;
       out.push_back(c);
       // Head_dim 128 causal past 8k keys (block_n 144, a partial last key block), fixed length and varlen.

@@ -118,10 +118,11 @@ inline FwdKernel for_mask(FwdKernel kernel, const Mask& mask) {
   }
 }
 
-// Causal head_dim 64 (below 8k queries): which of its three kernels computes the fewest scores, the
-// 2-warpgroup kernel's counted 1.16x. Its softmax has no third warpgroup's GEMMs to hide behind: 1.11-1.19x
-// the time per score of the 3-warpgroup kernels at 384-1k keys, the two 3-warpgroup kernels within 2% of
-// each other per score (docs/sm90.md, step 43). The tiles' quantization decides: 192-row tiles overhang the
+// Causal head_dim 64 up to 2k keys (a window's left edge: below 8k queries): which of its three kernels
+// computes the fewest scores, the 2-warpgroup kernel's counted 1.16x. Its softmax has no third warpgroup's
+// GEMMs to hide behind: 1.11-1.19x the time per score of the 3-warpgroup kernels at 384-1k keys, the two
+// 3-warpgroup kernels within 2% of each other per score there (docs/sm90.md, step 43; past 2k keys the
+// ascending keys pull ahead, fwd_kernel). The tiles' quantization decides: 192-row tiles overhang the
 // sequence, block_n 192 wastes less of the diagonal where 192 divides the length. end_aligned: fixed-length
 // batches (varlen tiles start at row 0).
 inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
@@ -143,10 +144,14 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //                 (either block_n), without a mask with the optimistic softmax (+2-6% at 512-16k,
 //                 step 46), causal with it too, key blocks ascending (by_mask, above); single-tile
 //                 problems keep 2 warpgroups with block_n 128 and the early rescale (docs/sm90.md,
-//                 step 9). Causal from 8k rows: the 3 warpgroups with serial GEMMs and block_n 192
-//                 (step 13); below, of those three kernels, the one whose tiles compute the fewest
-//                 scores (hdim64_causal_kernel, above: +1-11% at 384-4k keys, step 43), the 2
-//                 warpgroups' then in by_mask's two instantiations (step 49).
+//                 step 9). Causal past 2k keys the 3 warpgroups, key blocks ascending: +1-2% at 3k,
+//                 +2-5% at 6k-24k over the serial GEMMs with block_n 192, whose tiles compute fewer
+//                 scores (step 51); up to 2k keys, of those three kernels, the one whose tiles compute
+//                 the fewest scores (hdim64_causal_kernel, above: +1-11% at 384-4k keys, step 43; the
+//                 serial GEMMs +2-6% at 384-576, even at 768 and 1.5k, step 51), the 2 warpgroups'
+//                 then in by_mask's two instantiations (step 49). A window's left edge: the model below
+//                 8k rows (the 3 warpgroups 6% slower at 4k with a 512 window), the 3 warpgroups from 8k
+//                 (+5% at 8k with a 1k window, +1% at 16k with 2k-4k, step 51).
 //   head_dim 128: block_n 128 + early rescale (two q buffers, staged epilogue, ping-pong: step 33) up to
 //                 seqlen_k 2k (without a mask or causal with the optimistic softmax: by_mask, above;
 //                 the block_n 144 kernel measured 3-17% slower there), and causal up to 8k keys
@@ -174,10 +179,12 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 inline FwdKernel fwd_kernel(const fa_params& p) {
   if (p.head_dim == 64) {
     if (p.seqlen_q <= 128) return FwdKernel::kHdim64TwoWarpgroups;
-    const FwdKernel kernel = !p.causal             ? FwdKernel::kHdim64ThreeWarpgroups
-                             : p.seqlen_q >= 8192 ? FwdKernel::kHdim64Serial
-                                                  : hdim64_causal_kernel(mask_of(p), tiles_end_aligned(p));
-    return for_mask(kernel, mask_of(p));
+    const Mask mask = mask_of(p);
+    // Causal: the model's pick only among short keys (or a window's left edge below 8k rows).
+    const bool three = !p.causal || p.seqlen_q >= 8192 || (mask.left < 0 && p.seqlen_k > 2048);
+    const FwdKernel kernel =
+        three ? FwdKernel::kHdim64ThreeWarpgroups : hdim64_causal_kernel(mask, tiles_end_aligned(p));
+    return for_mask(kernel, mask);
   }
   if (p.head_dim == 128) {
     const Mask mask = mask_of(p);
