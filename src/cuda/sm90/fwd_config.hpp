@@ -145,7 +145,7 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //                 step 46), causal with it too, key blocks ascending (by_mask, above); single-tile
 //                 problems keep 2 warpgroups with block_n 128 and the early rescale (docs/sm90.md,
 //                 step 9). Causal past 2k keys the 3 warpgroups, key blocks ascending: +1-2% at 3k,
-//                 +2-5% at 6k-24k over the serial GEMMs with block_n 192, whose tiles compute fewer
+//                 +1-5% at 6k-24k over the serial GEMMs with block_n 192, whose tiles compute fewer
 //                 scores (step 51); up to 2k keys, of those three kernels, the one whose tiles compute
 //                 the fewest scores (hdim64_causal_kernel, above: +1-11% at 384-4k keys, step 43; the
 //                 serial GEMMs +2-6% at 384-576, even at 768 and 1.5k, step 51), the 2 warpgroups'

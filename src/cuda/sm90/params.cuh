@@ -202,7 +202,8 @@ struct Traits {
   // softmax already overlapped inside each warpgroup it measured 1-8% slower at most shapes (docs/sm90.md,
   // steps 4-6). Today it pays in the short-key kernels where their configuration asks: head_dim 128
   // (block_n 128) +1-4% causal at 384-1k keys, even non-causal (step 33); head_dim 256 up to 1k keys
-  // +1-2.5% with the L2 warm, 0-2% with it flushed (step 50). At head_dim 64 1-2% slower (steps 33, 50), as with block_n 144.
+  // +1-2.5% with the L2 warm, 0-2% with it flushed (step 50). At head_dim 64 1-2% slower (steps 33, 50),
+  // as with block_n 144.
   static constexpr bool kPingPong =
       kConsumerWarpgroups == 2 && (FLASHATTN_SM90_PINGPONG < 0 ? kConfig.pingpong : FLASHATTN_SM90_PINGPONG > 0);
   // Each consumer warpgroup runs its GEMMs one at a time (no overlap inside the warpgroup; the
