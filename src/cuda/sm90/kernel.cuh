@@ -57,17 +57,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     } else {
       PipelineState<T::kStages> pipe;
       PipelineState<T::kQStages> q_pipe;
-      int32_t round = 0;
-      Tile tile;
+      int32_t round = 0;  // of the schedule, where the consumers decode it (consumer_next_tile)
+      TilePlan plan;
       int deferred_q_release = -1;  // q buffer a TMA store of O may still be reading
       // The split tiles whose merge falls to this warpgroup (at most the CTA's two tail tasks, its last):
       // its first thread writes them, the warpgroup reads them after the loop.
       int32_t(&merge_task)[2] = smem.merge_task[consumer_wg];
       if (T::kTailSplit && threadIdx.x % 128 == 0) merge_task[0] = merge_task[1] = -1;
-      while (next_tile<T::kTailSplit>(round, p, tile)) {
+      while (consumer_next_tile<T>(smem, p, q_pipe, round, plan)) {
         const int qs = q_pipe.index;
+        const Tile& tile = plan.tile;
         SM90_TRACE(p, consumer_wg, consumer.trace_count, 8);
-        consumer.run_tile(smem, p, tile, consumer_wg, pipe, q_pipe, deferred_q_release);
+        consumer.run_tile(smem, p, plan, consumer_wg, pipe, q_pipe, deferred_q_release);
         deferred_q_release = -1;
         // A piece of a split tile leaves its part in the workspace (the staged epilogue's q buffer is then
         // free: q is in registers or read, store_piece held the warpgroup at a barrier after its last

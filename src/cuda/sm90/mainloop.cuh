@@ -57,6 +57,33 @@ struct KeyOrder {
   __device__ __forceinline__ int32_t block(int32_t i) const { return T::kKeysForward ? n_begin + n_end - 1 - i : i; }
 };
 
+// A tile's plan (TilePlan): the tile and its key blocks.
+template <class T>
+__device__ __forceinline__ void plan_tile(const Tile& tile, const FwdParams& p, TilePlan& plan) {
+  plan.tile = tile;
+  const Mask mask = tile_mask<T>(tile, p);
+  key_block_range<T::kBlockM, T::kBlockN, T::kTailSplit>(tile, mask, p, plan.n_begin, plan.n_end);
+  tile_inner_keys<T::kBlockM>(tile, mask, plan.inner_begin, plan.inner_end);
+}
+
+// A consumer warpgroup's next tile (false: none is left). Traits::kPublishedTiles: the producer's plan,
+// which comes with the tile's q (this waits for both); otherwise decoded here from the schedule (round), and
+// run_tile waits for q after its set-up.
+template <class T>
+__device__ __forceinline__ bool consumer_next_tile(SharedStorage<T>& smem, const FwdParams& p,
+                                                   const PipelineState<T::kQStages>& q_pipe, int32_t& round,
+                                                   TilePlan& plan) {
+  if constexpr (T::kPublishedTiles) {
+    mbar_wait(&smem.q_full[q_pipe.index], q_pipe.phase);
+    plan = smem.plan[q_pipe.index];
+    return plan.tile.valid;
+  } else {
+    if (!next_tile<T::kTailSplit>(round, p, plan.tile)) return false;
+    plan_tile<T>(plan.tile, p, plan);
+    return true;
+  }
+}
+
 // Producer -------------------------------------------------------------------------------------
 
 template <class T>
@@ -76,7 +103,8 @@ struct Producer {
     }
   }
 
-  // One thread. k, v of head `head_kv` of the tile's sequence; TMA zero-fills rows past the
+  // One thread: the schedule's tiles in turn (next_tile), each one's plan published with its q (TilePlan).
+  // k, v of head `head_kv` of the tile's sequence; TMA zero-fills rows past the
   // tensor's end, and rows of the next varlen sequence are masked by index in the softmax.
   // With two q buffers the next tile's q is loaded as soon as its buffer is free (the consumers
   // release it at the end of the tile before this one): the waits for this tile's k, v stages
@@ -89,10 +117,13 @@ struct Producer {
     int32_t round = 0;
     Tile tile, next;
     [[maybe_unused]] int trace_count = 0;
+    // q of a tile, with its plan published before the arrival the consumers wait for (Traits::kPublishedTiles;
+    // written in place: the producer's 24 registers hold no second copy).
     auto load_q = [&](const Tile& t) {
       const int qs = q_pipe.index;
       SM90_WATCH(kTraceProducer, t.m_block, t.batch * 100 + t.head, -1, trace_count);
       mbar_wait(&smem.q_empty[qs], q_pipe.phase ^ 1);
+      if constexpr (T::kPublishedTiles) plan_tile<T>(t, p, smem.plan[qs]);
       mbar_arrive_expect_tx(&smem.q_full[qs], T::kQBytes);
       const int32_t q_row = int32_t(t.q_start) + t.row0;  // may be < 0: TMA fills zeros
       const int32_t batch_coord = p.cu_seqlens_q ? 0 : t.batch;
@@ -145,6 +176,14 @@ struct Producer {
       ++trace_count;
       tile = next;
       have = have_next;
+    }
+    // No tile is left: a plan marked so, in the next q buffer once it is free, ends the consumers' loops
+    // (consumer_next_tile).
+    if constexpr (T::kPublishedTiles) {
+      const int qs = q_pipe.index;
+      mbar_wait(&smem.q_empty[qs], q_pipe.phase ^ 1);
+      smem.plan[qs].tile.valid = false;
+      mbar_arrive(&smem.q_full[qs]);
     }
   }
 };
@@ -441,14 +480,15 @@ struct Consumer {
   // Software pipelined inside the warpgroup: while the tensor cores compute S of block n and
   // O += P v of the block before it in KeyOrder (n + 1, or n - 1 ascending), the warpgroup waits only
   // for S, runs the softmax of block n, then waits for O to rescale it.
-  __device__ __forceinline__ void run_tile(SharedStorage<T>& smem, const FwdParams& p, const Tile& tile,
+  // The tile's plan from consumer_next_tile (which waited for its q where the producer published it).
+  __device__ __forceinline__ void run_tile(SharedStorage<T>& smem, const FwdParams& p, const TilePlan& plan,
                                            int consumer_wg, PipelineState<T::kStages>& pipe,
                                            PipelineState<T::kQStages>& q_pipe, int deferred_q_release) {
     const int thread = threadIdx.x % 128, lane = threadIdx.x % 32;
     const bool signals = thread == 0;  // one arrival per warpgroup on the empty barriers
+    const Tile& tile = plan.tile;
     const Mask mask = tile_mask<T>(tile, p);
-    int32_t n_begin, n_end;
-    key_block_range<T::kBlockM, T::kBlockN, T::kTailSplit>(tile, mask, p, n_begin, n_end);
+    const int32_t n_begin = plan.n_begin, n_end = plan.n_end;
 
     // The key range of this thread's two rows, and the keys every row of the tile sees (blocks
     // inside need no mask).
@@ -459,8 +499,7 @@ struct Consumer {
       key_begin[i] = int32_t(mask.key_begin(row0 + 8 * i));
       key_end[i] = int32_t(mask.key_end(row0 + 8 * i));
     }
-    int64_t inner_begin, inner_end;
-    inner_keys(tile, mask, inner_begin, inner_end);
+    const int64_t inner_begin = plan.inner_begin, inner_end = plan.inner_end;
     // The blocks plain_blocks gives, tested by key here: run_tile written with plain_blocks and
     // TileWork::needs_mask measured 2% slower at 512 keys (dev/sm90/results-h100-run18.txt, 18f).
     auto needs_mask = [&](int32_t n) {
@@ -476,7 +515,7 @@ struct Consumer {
     const int qs = q_pipe.index;
     SM90_TRACE(p, consumer_wg, trace_count, 0);
     SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, -1, trace_count);
-    mbar_wait(&smem.q_full[qs], q_pipe.phase);
+    if constexpr (!T::kPublishedTiles) mbar_wait(&smem.q_full[qs], q_pipe.phase);
     SM90_TRACE(p, consumer_wg, trace_count, 1);
     q_pipe.advance();
     // q_empty: after the last S, or (staged epilogue) once O has passed through the buffer.
@@ -537,7 +576,7 @@ struct Consumer {
     // range of plain blocks stays live across the loop.
     if constexpr (T::kSerial) {
       TileWork w{tile, n_begin, n_end, 0, 0};
-      plain_blocks(tile, mask, w);
+      plain_blocks(inner_begin, inner_end, tile.seqlen_k, w);
       for (i = n_end - 2; i >= n_begin; --i) {
         n = order.block(i);
         SM90_WATCH(consumer_wg, tile.m_block, tile.batch * 100 + tile.head, n, trace_count);
@@ -633,21 +672,11 @@ struct Consumer {
     }
   }
 
-  // The keys [begin, end) that every row of the tile (its rows in the sequence) sees.
-  __device__ __forceinline__ static void inner_keys(const Tile& tile, const Mask& mask, int64_t& begin,
-                                                    int64_t& end) {
-    const int64_t tile_row0 = max(tile.row0, 0);
-    const int64_t tile_row1 = min(int64_t(tile.row0) + T::kBlockM, int64_t(tile.seqlen_q)) - 1;
-    begin = mask.key_begin(tile_row1);
-    end = mask.key_end(tile_row0);
-  }
-
-  // The key blocks [plain_begin, plain_end) of a tile that need no mask: inner_keys cut at the
-  // sequence's end.
-  __device__ __forceinline__ static void plain_blocks(const Tile& tile, const Mask& mask, TileWork& w) {
-    int64_t inner_begin, inner_end;
-    inner_keys(tile, mask, inner_begin, inner_end);
-    inner_end = min(inner_end, int64_t(tile.seqlen_k));
+  // The key blocks [plain_begin, plain_end) of a tile that need no mask: its inner keys (tile_inner_keys)
+  // cut at the sequence's end.
+  __device__ __forceinline__ static void plain_blocks(int64_t inner_begin, int64_t inner_end, int32_t seqlen_k,
+                                                      TileWork& w) {
+    inner_end = min(inner_end, int64_t(seqlen_k));
     w.plain_begin = int32_t(min((inner_begin + kN - 1) / kN, int64_t(INT32_MAX)));
     w.plain_end = int32_t(inner_end / kN);
   }
@@ -660,7 +689,9 @@ struct Consumer {
     const Tile& tile = w.tile;
     const Mask mask = tile_mask<T>(tile, p);
     key_block_range<T::kBlockM, kN, T::kTailSplit>(tile, mask, p, w.n_begin, w.n_end);
-    plain_blocks(tile, mask, w);
+    int64_t inner_begin, inner_end;
+    tile_inner_keys<T::kBlockM>(tile, mask, inner_begin, inner_end);
+    plain_blocks(inner_begin, inner_end, tile.seqlen_k, w);
     return true;
   }
 

@@ -159,6 +159,31 @@ struct FwdParams {
 #endif
 };
 
+// A tile is (m_block, batch, head) of the persistent schedule (scheduler.cuh).
+struct Tile {
+  int32_t m_block, batch, head;
+  // First q row of the tile in its sequence: m_block * block_m - FwdParams::row_shift (a causal
+  // tile may overhang row 0). Rows outside [0, seqlen_q) are computed and not stored.
+  int32_t row0;
+  int64_t q_start, k_start;  // first row of the sequence in the packed tensors (0 unless varlen)
+  int32_t seqlen_q, seqlen_k;
+  // A piece of a split tile of the last round: its task index past FwdParams::tail_begin (the
+  // piece: tail_piece_of); -1: the whole tile.
+  int32_t tail_task;
+  bool valid;  // false: past the end of a shorter varlen sequence (nothing to do); a plan's: no tile left
+};
+
+// What the producer publishes with a tile's q (SharedStorage::plan, one per q buffer, written before the
+// q_full arrival that the consumers wait for): the tile and the key blocks it visits, so that the consumer
+// warpgroups skip the tile decode and the mask's arithmetic between two tiles (~220 instructions a warp,
+// 7% of the warps' samples at head_dim 64, causal, 512 keys: docs/sm90.md, step 52). tile.valid = false:
+// no tile is left, the consumers' loop ends.
+struct TilePlan {
+  Tile tile;
+  int32_t n_begin, n_end;          // the key blocks [n_begin, n_end) (scheduler.cuh's key_block_range)
+  int64_t inner_begin, inner_end;  // the keys every row of the tile sees (tile_inner_keys)
+};
+
 // Pieces a split tile of the last round runs as, at most (merge_pieces, epilogue.cuh).
 constexpr int kMaxTailPieces = 8;
 
@@ -273,6 +298,11 @@ struct Traits {
   // (session 20, with the merge inside the persistent loop), and the block_n 128 2-warpgroup head_dim
   // 128 kernel (8 bytes, once a tile) read 6-11% slower at 512-2k keys without splitting (step 24).
   static constexpr bool kTailSplit = kConfig.tail_split;
+  // The consumers take each tile's plan from the producer with its q (TilePlan) instead of decoding the
+  // schedule themselves: +1.5-3.7% at 512-1k keys, head_dim 64 and 128 (docs/sm90.md, step 52). Where the
+  // plan's registers do not fit (3 warpgroups at 160 a thread, the split's kernel, head_dim 256's O) its
+  // wait before the set-up spilled 64-500 bytes and read 3-25% slower: those decode as before.
+  static constexpr bool kPublishedTiles = kConsumerWarpgroups == 2 && !kTailSplit && kHeadDim <= 128;
   static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap), "split tiles: head_dim 128, tile by tile");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
@@ -290,6 +320,7 @@ struct alignas(1024) SharedStorage {
   // Split tiles (Traits::kTailSplit) whose merge falls to a consumer warpgroup: the tail task of its piece
   // 0 and 1, or -1 (kernel.cuh). Here, not in registers: live across the main loop they spilled there.
   int32_t merge_task[T::kConsumerWarpgroups][2];
+  TilePlan plan[T::kQStages];  // the tile whose q is in q[s] (Traits::kPublishedTiles)
   // Traits::kSlabCols (epilogue.cuh); TMA stores from it: 1024-byte aligned panels.
   alignas(T::kSlabBytes > 0 ? 1024 : 16) uint8_t slab[T::kSlabBytes > 0 ? T::kSlabBytes : 16];
 };

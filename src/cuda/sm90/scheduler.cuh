@@ -20,19 +20,6 @@
 
 namespace flashattn::cuda::sm90 {
 
-struct Tile {
-  int32_t m_block, batch, head;
-  // First q row of the tile in its sequence: m_block * block_m - FwdParams::row_shift (a causal
-  // tile may overhang row 0). Rows outside [0, seqlen_q) are computed and not stored.
-  int32_t row0;
-  int64_t q_start, k_start;  // first row of the sequence in the packed tensors (0 unless varlen)
-  int32_t seqlen_q, seqlen_k;
-  // A piece of a split tile of the last round: its task index past FwdParams::tail_begin (the
-  // piece: tail_piece_of); -1: the whole tile.
-  int32_t tail_task;
-  bool valid;  // false: past the end of a shorter varlen sequence (nothing to do)
-};
-
 // Whether q row `row` of the tile's sequence exists (rows < 0: a causal tile's overhang, rows >=
 // seqlen_q: past the end); only those are stored.
 __device__ __forceinline__ bool row_in_sequence(const Tile& tile, int32_t row) {
@@ -112,6 +99,15 @@ __device__ __forceinline__ bool next_tile(int32_t& r, const FwdParams& p, Tile& 
     }
   }
   return false;
+}
+
+// The keys [begin, end) that every row of the tile (its rows in the sequence) sees.
+template <int kBlockM>
+__device__ __forceinline__ void tile_inner_keys(const Tile& tile, const Mask& mask, int64_t& begin, int64_t& end) {
+  const int64_t tile_row0 = max(tile.row0, 0);
+  const int64_t tile_row1 = min(int64_t(tile.row0) + kBlockM, int64_t(tile.seqlen_q)) - 1;
+  begin = mask.key_begin(tile_row1);
+  end = mask.key_end(tile_row0);
 }
 
 // The key blocks [n_begin, n_end) a tile visits (common/tile_geometry.hpp, shared with the host's choices).
