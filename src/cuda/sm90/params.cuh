@@ -299,9 +299,10 @@ struct Traits {
   // 128 kernel (8 bytes, once a tile) read 6-11% slower at 512-2k keys without splitting (step 24).
   static constexpr bool kTailSplit = kConfig.tail_split;
   // The consumers take each tile's plan from the producer with its q (TilePlan) instead of decoding the
-  // schedule themselves: +1.5-3.7% at 512-1k keys, head_dim 64 and 128 (docs/sm90.md, step 52). Where the
-  // plan's registers do not fit (3 warpgroups at 160 a thread, the split's kernel, head_dim 256's O) its
-  // wait before the set-up spilled 64-500 bytes and read 3-25% slower: those decode as before.
+  // schedule themselves: +1.5-3.7% at 512-1k keys, head_dim 64 and 128 (docs/sm90.md, step 52). Where
+  // registers are short (3 warpgroups at 160 a thread, the split's kernel, head_dim 256's O) the plan, read
+  // after the wait for q, sits in vector registers (a decoded tile in uniform ones): 64-500 bytes spilled,
+  // 3-25% slower. Those decode as before (taking only the plan's key blocks measured even).
   static constexpr bool kPublishedTiles = kConsumerWarpgroups == 2 && !kTailSplit && kHeadDim <= 128;
   static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap), "split tiles: head_dim 128, tile by tile");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
