@@ -345,10 +345,11 @@ static std::vector<Case> check_cases(bool small) {
 
 // Per tile of CTAs 0-7: clock64 of the consumer events 8 next tile known (consumer_next_tile: decoded,
 // or, where the producer publishes plans, q waited for and the plan read), 0 run_tile set up, 1 q
-// ready (published plans: right after 0), 2 first k ready, 3 first S done, 4 first softmax done, 5 key-block loop done, 6 last
-// O += P v done, (staged epilogue: 9 O in shared memory, 10 stores issued, 11 fence, 12 barrier;
-// slab epilogue: 9 the first columns in the slab, 10 their TMA store issued, 11 the slab read, 12 the
-// second store issued) 7 stored; producer: 0 tile start, 1 first k issued, 2 next q issued early, 3 last v issued.
+// ready (published plans: right after 0), 2 first k ready, 3 first S done, 4 first softmax done,
+// 5 key-block loop done, 6 last O += P v done, (staged epilogue: 9 O in shared memory, 10 stores issued,
+// 11 fence, 12 barrier; slab epilogue: 9 the first columns in the slab, 10 their TMA store issued, 11 the
+// slab read, 12 the second store issued) 7 stored; producer: 0 tile start, 1 first k issued, 2 next q issued
+// early, 3 last v issued.
 static void print_trace(const std::vector<long long>& t, int key_blocks) {
   auto at = [&](int cta, int slot, int tile, int e) { return t[((size_t(cta) * 4 + slot) * 64 + tile) * 16 + e]; };
   // The consumer's events in time order and the name of the span that ends at each.
