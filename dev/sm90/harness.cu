@@ -8,7 +8,8 @@
 // Run:  sm90_harness check [small] | sm90_harness bench [variant-name]
 //       sm90_harness profile <head_dim> <causal> <seqlen>   (one shape of the sweep, for ncu)
 //       sm90_harness trace <head_dim> <causal> <seqlen>     (a -DFLASHATTN_SM90_TRACE=1 build: the
-//                                                            clocks of the pipeline's events per tile)
+//                                                            clocks of the pipeline's events per tile,
+//                                                            and each CTA's start and end times)
 //
 // The check follows the project's rule: the error against fp64 must be within 2x the error of a
 // plain same-precision implementation (fp32 scores and softmax, P and O rounded to the dtype)
@@ -397,6 +398,30 @@ static void print_trace(const std::vector<long long>& t, int key_blocks) {
     }
   }
 }
+// Per CTA (kTraceCtaBase on): globaltimer at the consumers' start and at each consumer warpgroup's end, in
+// microseconds from the first start: the spread of starts and of ends (the schedule's balance).
+static void print_cta_times(const std::vector<long long>& t) {
+  const size_t base = size_t(8) * 4 * 64 * 16;  // kTraceCtaBase (params.cuh)
+  std::vector<double> start, end;
+  for (int cta = 0; cta < 1024 && t[base + 4 * cta]; ++cta) {
+    start.push_back(double(t[base + 4 * cta]));
+    long long e = 0;
+    for (int wg = 0; wg < 3; ++wg) e = std::max(e, t[base + 4 * cta + 1 + wg]);
+    end.push_back(double(e));
+  }
+  if (start.empty()) return;
+  const double t0 = *std::min_element(start.begin(), start.end());
+  auto stats = [&](const char* what, std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    double mean = 0;
+    for (double x : v) mean += (x - t0) / 1e3 / v.size();
+    std::printf("  %s (us from the first start, %zu CTAs): min %.2f  p10 %.2f  median %.2f  mean %.2f  p90 %.2f  max %.2f\n",
+                what, v.size(), (v.front() - t0) / 1e3, (v[v.size() / 10] - t0) / 1e3, (v[v.size() / 2] - t0) / 1e3, mean,
+                (v[v.size() * 9 / 10] - t0) / 1e3, (v.back() - t0) / 1e3);
+  };
+  stats("start", start);
+  stats("end  ", end);
+}
 static bool g_trace = false;
 
 // BENCH_HDIMS / BENCH_SEQLENS (comma lists, e.g. "64" / "512,2048,16384") narrow the sweep;
@@ -493,7 +518,7 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
           ms.push_back(t / calls);
         }
         if (g_trace) {
-          const size_t words = size_t(8) * 4 * 64 * 16;
+          const size_t words = size_t(8) * 4 * 64 * 16 + 4 * 1024;
           CHECK_CUDA(cudaMalloc(&flashattn_sm90_trace, words * 8));
           CHECK_CUDA(cudaMemset(flashattn_sm90_trace, 0, words * 8));
           flashattn::cuda::sm90_forward(p);
@@ -504,6 +529,7 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
           flashattn_sm90_trace = nullptr;
           const int bn = std::getenv("TRACE_BLOCK_N") ? std::atoi(std::getenv("TRACE_BLOCK_N")) : 128;
           print_trace(t, (seqlen + bn - 1) / bn);
+          print_cta_times(t);
         }
         std::sort(ms.begin(), ms.end());
         const double med = ms[ms.size() / 2];

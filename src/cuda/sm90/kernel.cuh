@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
     const int consumer_wg = warpgroup - 1;
+    if (consumer_wg == 0) SM90_TRACE_CTA(p, 0);
     // Warpgroup 0 issues first: its turn is given once here; the last turn handed back to it is
     // taken after the loop, so the barrier ends balanced.
     if (consumer_wg == 1) pingpong_pass<T>(consumer_wg);
@@ -109,6 +110,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     if (consumer_wg == 0) pingpong_wait<T>(consumer_wg);
+    if (consumer_wg < 3) SM90_TRACE_CTA(p, 1 + consumer_wg);
   }
 }
 

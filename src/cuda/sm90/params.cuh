@@ -43,6 +43,23 @@
   } while (0)
 #endif
 constexpr int kTraceProducer = 3;
+// After the events: per CTA (up to 1024) the globaltimer (ns) at consumer warpgroup 0's start and at the end
+// of each consumer warpgroup's loop: [4 * cta + 0] start, [4 * cta + 1 + wg] end.
+constexpr int kTraceCtaBase = 8 * 4 * 64 * 16;
+#if FLASHATTN_SM90_TRACE
+#define SM90_TRACE_CTA(p, index)                                                      \
+  do {                                                                                \
+    if ((p).trace && threadIdx.x % 128 == 0 && blockIdx.x < 1024) {                   \
+      long long ns;                                                                   \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));                          \
+      (p).trace[kTraceCtaBase + 4 * blockIdx.x + (index)] = ns;                       \
+    }                                                                                 \
+  } while (0)
+#else
+#define SM90_TRACE_CTA(p, index) \
+  do {                           \
+  } while (0)
+#endif
 
 // Dev switch: L2 eviction priorities on the loads (Traits::kL2Hints) in every kernel (1), in none (0),
 // or where the table in Traits says (-1).
