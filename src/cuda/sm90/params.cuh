@@ -85,6 +85,11 @@ constexpr int kTraceCtaBase = 8 * 4 * 64 * 16;
 #define FLASHATTN_SM90_OPT_MAX 1
 #endif
 
+// Dev switch: the wider producer (Traits::kWideProducer) where it applies; 0: 24 registers everywhere.
+#ifndef FLASHATTN_SM90_WIDE_PRODUCER
+#define FLASHATTN_SM90_WIDE_PRODUCER 1
+#endif
+
 // Dev switch: the staged epilogue stores O with TMA (fixed-length batches); 0: 16-byte stores.
 #ifndef FLASHATTN_SM90_TMA_STORE
 #define FLASHATTN_SM90_TMA_STORE 1
@@ -254,9 +259,13 @@ struct Traits {
   static constexpr bool kSerial = kConfig.serial;
   static_assert(!kSerial || (kConsumerWarpgroups == 3 && !kConfig.tile_overlap && !kRescaleEarly),
                 "serial: tile by tile, 3 warpgroups, O rescaled right after each softmax");
-  static constexpr int kProducerRegs = 24;
-  // 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 <= 64K registers
-  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
+  // The producer thread decodes each tile and writes its plan: at head_dim 64 with 2 consumer warpgroups 56
+  // registers for it and 224 for them (no spill either side) read +1-2% at causal 512-640 keys (docs/sm90.md,
+  // step 53); the head_dim 128 consumers spill at 224.
+  static constexpr bool kWideProducer = FLASHATTN_SM90_WIDE_PRODUCER && kHeadDim == 64 && kConsumerWarpgroups == 2;
+  static constexpr int kProducerRegs = kWideProducer ? 56 : 24;
+  // 24 * 128 + 240 * 256, 56 * 128 + 224 * 256 and 24 * 128 + 160 * 384 <= 64512 (168 a thread at launch)
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? (kWideProducer ? 224 : 240) : 160;
 
   // 128-byte swizzled tiles are stored as panels of 64 columns (128 bytes) by rows.
   static constexpr int kPanels = kHeadDim / 64;
