@@ -264,7 +264,7 @@ struct Traits {
   // step 53); the head_dim 128 consumers spill at 224.
   static constexpr bool kWideProducer = FLASHATTN_SM90_WIDE_PRODUCER && kHeadDim == 64 && kConsumerWarpgroups == 2;
   static constexpr int kProducerRegs = kWideProducer ? 56 : 24;
-  // 24 * 128 + 240 * 256, 56 * 128 + 224 * 256 and 24 * 128 + 160 * 384 <= 64512 (168 a thread at launch)
+  // 24 * 128 + 240 * 256 and 56 * 128 + 224 * 256 = 64512 (168 a thread at launch), 24 * 128 + 160 * 384 <= 65536
   static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? (kWideProducer ? 224 : 240) : 160;
 
   // 128-byte swizzled tiles are stored as panels of 64 columns (128 bytes) by rows.
@@ -333,7 +333,9 @@ struct Traits {
   static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap), "split tiles: head_dim 128, tile by tile");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536, "register file");
+  // setmaxnreg moves registers inside the pool the launch gave the CTA: 64K / kThreads a thread, in 8s.
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWarpgroups <= 65536 / kThreads / 8 * 8 * kThreads,
+                "the CTA's register pool");
 };
 
 template <class T>
