@@ -28,6 +28,7 @@
 #include "common/dtype.hpp"
 #include "common/mask.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/sm90/params.cuh"  // the trace buffer's layout (kTraceCtaBase)
 
 // The library's name table, which this harness does not link.
 extern "C" const char* fa_dtype_name(fa_dtype d) { return d == FA_BFLOAT16 ? "bf16" : d == FA_FLOAT16 ? "fp16" : "fp32"; }
@@ -401,7 +402,7 @@ static void print_trace(const std::vector<long long>& t, int key_blocks) {
 // Per CTA (kTraceCtaBase on): globaltimer at the consumers' start and at each consumer warpgroup's end, in
 // microseconds from the first start: the spread of starts and of ends (the schedule's balance).
 static void print_cta_times(const std::vector<long long>& t) {
-  const size_t base = size_t(8) * 4 * 64 * 16;  // kTraceCtaBase (params.cuh)
+  const size_t base = kTraceCtaBase;
   std::vector<double> start, end;
   for (int cta = 0; cta < 1024 && t[base + 4 * cta]; ++cta) {
     start.push_back(double(t[base + 4 * cta]));
@@ -518,7 +519,7 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
           ms.push_back(t / calls);
         }
         if (g_trace) {
-          const size_t words = size_t(8) * 4 * 64 * 16 + 4 * 1024;
+          const size_t words = kTraceCtaBase + 4 * 1024;
           CHECK_CUDA(cudaMalloc(&flashattn_sm90_trace, words * 8));
           CHECK_CUDA(cudaMemset(flashattn_sm90_trace, 0, words * 8));
           flashattn::cuda::sm90_forward(p);
