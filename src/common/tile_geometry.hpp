@@ -3,6 +3,7 @@
 // check those choices (tests/test_tile_geometry.cpp, tests/test_sm90_fwd_config.cpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <numeric>
 #include <vector>
