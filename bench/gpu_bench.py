@@ -4,7 +4,10 @@ The library (through its C ABI, ctypes on torch tensors' pointers) against PyTor
 scaled_dot_product_attention backends (flash, efficient, cudnn, math), medians of CUDA-event
 timings (triton.testing.do_bench), on the standard sweep of ANCHORS.md: bf16, 16k tokens,
 hidden 2048, head_dim 64 and 128 (256 with 8 heads for the forward), seqlen 512 ... 16384,
-causal and not, forward and backward; plus the seeds' classic small problem.
+causal and not, forward and backward; plus the seeds' classic small problem. The forward
+rows time o alone, the lse not requested, as torch's SDPA runs under no_grad (its cuDNN and
+efficient kernels then skip the log-sum-exp); flashattn-sm90+lse is the same call writing the lse,
+as a training step's forward does (from run 49 on; the runs before timed that one as flashattn-sm90).
 
 Each measurement is one JSON line: impl, pass, dtype, batch, heads, seqlen_q, seqlen_k,
 head_dim, causal, ms, tflops, device, date (+ max_abs_diff vs torch's math/flash output, and
@@ -48,7 +51,9 @@ def flops(batch, heads, sq, sk, d, causal, bwd):
 
 
 class Ours:
-    """One library implementation on fixed (batch, seqlen, heads, d) tensors."""
+    """One library implementation on fixed (batch, seqlen, heads, d) tensors. forward() returns o alone, as
+    torch's SDPA does under no_grad (its cuDNN and efficient kernels then skip the log-sum-exp);
+    forward_lse() writes the lse too, as a training step's forward (and the backward) needs."""
 
     def __init__(self, lib, impl, q, k, v, causal):
         self.lib, self.impl, self.causal = lib, fa.IMPL[impl], causal
@@ -57,6 +62,7 @@ class Ours:
         b, s, h, _ = q.shape
         self.lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
         self.p = fa.params_from(torch, q, k, v, self.o, self.lse, causal)
+        self.p_o = fa.params_from(torch, q, k, v, self.o, None, causal)
         self.ws_fwd = self._workspace(0)
 
     def _workspace(self, backward):
@@ -66,12 +72,18 @@ class Ours:
         return torch.empty(max(n.value, 1), dtype=torch.uint8, device=self.q.device)
 
     def forward(self):
-        self.p.workspace, self.p.workspace_bytes = self.ws_fwd.data_ptr(), self.ws_fwd.numel()
-        fa.check(self.lib, self.lib.fa_forward(ctypes.byref(self.p), self.impl), "forward")
+        return self._forward(self.p_o)
+
+    def forward_lse(self):
+        return self._forward(self.p)
+
+    def _forward(self, p):
+        p.workspace, p.workspace_bytes = self.ws_fwd.data_ptr(), self.ws_fwd.numel()
+        fa.check(self.lib, self.lib.fa_forward(ctypes.byref(p), self.impl), "forward")
         return self.o
 
     def prepare_backward(self, dout):
-        self.forward()
+        self.forward_lse()
         self.dout, self.dq = dout, torch.empty_like(self.q)
         self.dk, self.dv = torch.empty_like(self.k), torch.empty_like(self.v)
         self.pb = fa.params_from(torch, self.q, self.k, self.v, self.o, self.lse, self.causal,
@@ -116,6 +128,10 @@ def bench_case(lib, impls, batch, heads, seqlen, d, causal, passes, device, date
                     rows.append(dict(impl=impl, **{"pass": "fwd"}, **base, ms=ms,
                                      tflops=flops(batch, heads, seqlen, seqlen, d, causal, False) / ms / 1e9,
                                      max_abs_diff=diff))
+                    if impl == "flashattn-sm90":  # the same with the lse written: what it costs
+                        ms = do_bench(ours.forward_lse, warmup=25, rep=REP_MS, return_mode="median")
+                        rows.append(dict(impl=impl + "+lse", **{"pass": "fwd"}, **base, ms=ms,
+                                         tflops=flops(batch, heads, seqlen, seqlen, d, causal, False) / ms / 1e9))
                 if "bwd" in passes:
                     ours.prepare_backward(dout)
                     ms = do_bench(ours.backward, warmup=25, rep=REP_MS, return_mode="median")
@@ -167,7 +183,7 @@ def classic(lib, device, date):
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
             if backend is None:
-                ours = Ours(lib, impl, q, k, v, True)  # allocates o, lse and the workspace
+                ours = Ours(lib, impl, q, k, v, True)  # allocates o, lse and the workspace; times o alone
                 fn = ours.forward
             else:
                 fn = lambda: torch_fwd(backend, q, k, v, True)  # noqa: E731
