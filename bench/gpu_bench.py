@@ -128,10 +128,11 @@ def bench_case(lib, impls, batch, heads, seqlen, d, causal, passes, device, date
                     if impl == "flashattn-sm90":
                         # o alone and with the lse (what it costs) in the order o, lse, lse, o, half the time
                         # each: the card's clock drifts over a series (run 49 timed them one after the other).
-                        times = {ours.forward: [], ours.forward_lse: []}
-                        for fn in (ours.forward, ours.forward_lse, ours.forward_lse, ours.forward):
-                            times[fn].append(do_bench(fn, warmup=25, rep=REP_MS // 2, return_mode="median"))
-                        ms, ms_lse = (sum(times[fn]) / 2 for fn in (ours.forward, ours.forward_lse))
+                        t_o, t_lse = [], []
+                        for fn, times in ((ours.forward, t_o), (ours.forward_lse, t_lse), (ours.forward_lse, t_lse),
+                                          (ours.forward, t_o)):
+                            times.append(do_bench(fn, warmup=25, rep=REP_MS // 2, return_mode="median"))
+                        ms, ms_lse = sum(t_o) / 2, sum(t_lse) / 2
                         rows.append(dict(impl=impl + "+lse", **{"pass": "fwd"}, **base, ms=ms_lse,
                                          tflops=flops(batch, heads, seqlen, seqlen, d, causal, False) / ms_lse / 1e9))
                     else:

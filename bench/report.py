@@ -23,8 +23,8 @@ def panels(rows):
     return out
 
 
-COLORS = {"flashattn-sm90": "tab:red", "flashattn-sm90+lse": "lightcoral", "flashattn-sm80": "tab:blue", "torch-cudnn": "tab:green",
-          "torch-flash": "tab:orange", "torch-efficient": "tab:purple", "torch-math": "tab:gray"}
+COLORS = {"flashattn-sm90": "tab:red", "flashattn-sm90+lse": "lightcoral", "flashattn-sm80": "tab:blue",
+          "torch-cudnn": "tab:green", "torch-flash": "tab:orange", "torch-efficient": "tab:purple", "torch-math": "tab:gray"}
 
 
 def plot(rows, png):
