@@ -7,8 +7,11 @@ hidden 2048, head_dim 64 and 128 (256 with 8 heads for the forward), seqlen 512 
 causal and not, forward and backward; plus the seeds' classic small problem. The forward
 rows time o alone, the lse not requested, as torch's SDPA runs under no_grad (its cuDNN and
 efficient kernels then skip the log-sum-exp); flashattn-sm90+lse is the same call writing the lse,
-as a training step's forward does (from run 49 on; the runs before timed that one as flashattn-sm90),
-the two timed in the order o, lse, lse, o (from run 50 on; run 49 timed them one after the other).
+as a training step's forward does (from run 49 on; the runs before timed that one as flashattn-sm90).
+From run 50 on the forward of those two and torch-cudnn's, the head-to-head of the Hopper issue, are
+timed interleaved in a palindrome (o, lse, cuDNN, cuDNN, lse, o: the card's clock drifts over a series,
+and each sees the same share of it); run 49 timed o then lse, the runs before every impl one after the
+other (cuDNN's forward after torch-efficient's backward).
 
 Each measurement is one JSON line: impl, pass, dtype, batch, heads, seqlen_q, seqlen_k,
 head_dim, causal, ms, tflops, device, date (+ max_abs_diff vs torch's math/flash output, and
@@ -98,6 +101,16 @@ class Ours:
         fa.check(self.lib, self.lib.fa_backward(ctypes.byref(self.pb), self.impl), "backward")
 
 
+def interleaved(fns, rep):
+    """Median times (ms) of fns, each timed twice for rep / 2 ms, in the order fns then fns reversed: the
+    card's clock drifts over a series (its power limit), and a palindrome gives each fn the same share."""
+    times = [[] for _ in fns]
+    order = list(range(len(fns)))
+    for i in order + order[::-1]:
+        times[i].append(do_bench(fns[i], warmup=25, rep=rep // 2, return_mode="median"))
+    return [sum(t) / len(t) for t in times]
+
+
 def torch_fwd(backend, q, k, v, causal):
     # SDPA takes (batch, heads, seqlen, d): transposed views of the same memory.
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
@@ -116,23 +129,36 @@ def bench_case(lib, impls, batch, heads, seqlen, d, causal, passes, device, date
                 device=device, date=date)
     with torch.no_grad():
         ref = torch_fwd(SDPBackend.FLASH_ATTENTION if d <= 256 else SDPBackend.MATH, q, k, v, causal).float()
+    # The Hopper issue's head-to-head, interleaved (interleaved): our forward (o alone, and with the lse: what
+    # the lse costs) and cuDNN's; an impl that cannot run the shape stays out (its error comes below).
+    ours90, head_to_head = None, {}
+    if "fwd" in passes and "flashattn-sm90" in impls:
+        try:
+            ours90 = Ours(lib, "flashattn-sm90", q, k, v, causal)
+            fns = {"flashattn-sm90": ours90.forward, "flashattn-sm90+lse": ours90.forward_lse}
+            if "torch-cudnn" in impls:
+                cudnn = lambda: torch_fwd(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)  # noqa: E731
+                try:
+                    with torch.no_grad():
+                        cudnn()
+                    fns["torch-cudnn"] = cudnn
+                except Exception:
+                    pass
+            with torch.no_grad():
+                head_to_head = dict(zip(fns, interleaved(list(fns.values()), REP_MS)))
+        except Exception:
+            ours90 = None
     for impl in impls:
         if impl == "torch-math" and seqlen > 4096:
             continue  # materializes (b, h, s, s): minutes and tens of GB at 16k
         try:
             if impl.startswith("flashattn"):
-                ours = Ours(lib, impl, q, k, v, causal)
+                ours = ours90 if impl == "flashattn-sm90" and ours90 is not None else Ours(lib, impl, q, k, v, causal)
                 out = ours.forward()
                 diff = (out.float() - ref).abs().max().item()
                 if "fwd" in passes:
-                    if impl == "flashattn-sm90":
-                        # o alone and with the lse (what it costs) in the order o, lse, lse, o, half the time
-                        # each: the card's clock drifts over a series (run 49 timed them one after the other).
-                        t_o, t_lse = [], []
-                        for fn, times in ((ours.forward, t_o), (ours.forward_lse, t_lse), (ours.forward_lse, t_lse),
-                                          (ours.forward, t_o)):
-                            times.append(do_bench(fn, warmup=25, rep=REP_MS // 2, return_mode="median"))
-                        ms, ms_lse = sum(t_o) / 2, sum(t_lse) / 2
+                    if impl in head_to_head:
+                        ms, ms_lse = head_to_head[impl], head_to_head[impl + "+lse"]
                         rows.append(dict(impl=impl + "+lse", **{"pass": "fwd"}, **base, ms=ms_lse,
                                          tflops=flops(batch, heads, seqlen, seqlen, d, causal, False) / ms_lse / 1e9))
                     else:
@@ -156,8 +182,8 @@ def bench_case(lib, impls, batch, heads, seqlen, d, causal, passes, device, date
                     with torch.no_grad():
                         out = torch_fwd(backend, q, k, v, causal)
                         diff = (out.float() - ref).abs().max().item()
-                        ms = do_bench(lambda: torch_fwd(backend, q, k, v, causal), warmup=25, rep=REP_MS,
-                                      return_mode="median")
+                        ms = head_to_head[impl] if impl in head_to_head else do_bench(
+                            lambda: torch_fwd(backend, q, k, v, causal), warmup=25, rep=REP_MS, return_mode="median")
                     rows.append(dict(impl=impl, **{"pass": "fwd"}, **base, ms=ms,
                                      tflops=flops(batch, heads, seqlen, seqlen, d, causal, False) / ms / 1e9,
                                      max_abs_diff=diff))

@@ -117,13 +117,17 @@ struct Producer {
     int32_t round = 0;
     Tile tile, next;
     [[maybe_unused]] int trace_count = 0;
+    [[maybe_unused]] int planned_qs = 0;  // the q buffer of the last plan published (the loop's tile at its top)
     // q of a tile, with its plan published before the arrival the consumers wait for (Traits::kPublishedTiles;
     // written in place: the producer's 24 registers hold no second copy).
     auto load_q = [&](const Tile& t) {
       const int qs = q_pipe.index;
       SM90_WATCH(kTraceProducer, t.m_block, t.batch * 100 + t.head, -1, trace_count);
       mbar_wait(&smem.q_empty[qs], q_pipe.phase ^ 1);
-      if constexpr (T::kPublishedTiles) plan_tile<T>(t, p, smem.plan[qs]);
+      if constexpr (T::kPublishedTiles) {
+        plan_tile<T>(t, p, smem.plan[qs]);
+        planned_qs = qs;
+      }
       mbar_arrive_expect_tx(&smem.q_full[qs], T::kQBytes);
       const int32_t q_row = int32_t(t.q_start) + t.row0;  // may be < 0: TMA fills zeros
       const int32_t batch_coord = p.cu_seqlens_q ? 0 : t.batch;
@@ -138,8 +142,15 @@ struct Producer {
       bool next_q_pending = have_next;
       const int32_t batch_coord = p.cu_seqlens_q ? 0 : tile.batch;
       const int32_t head_kv = tile.head / p.heads_per_kv_head;
+      // The tile's key blocks: from its published plan (in its q buffer until the tile after next loads q), or
+      // from the mask.
       int32_t n_begin, n_end;
-      key_block_range<T::kBlockM, T::kBlockN, T::kTailSplit>(tile, tile_mask<T>(tile, p), p, n_begin, n_end);
+      if constexpr (T::kPublishedTiles) {
+        n_begin = smem.plan[planned_qs].n_begin;
+        n_end = smem.plan[planned_qs].n_end;
+      } else {
+        key_block_range<T::kBlockM, T::kBlockN, T::kTailSplit>(tile, tile_mask<T>(tile, p), p, n_begin, n_end);
+      }
 
       auto wait_stage = [&](uint64_t* empty, uint32_t parity) {
         if (T::kQStages == 2 && next_q_pending) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/fast_divmod.hpp"  // the tile decode (three divisions in a row were ~850 clocks a tile)
 #include "common/last_round_split.hpp"  // TailStream
@@ -338,6 +339,9 @@ struct Traits {
                 "the CTA's register pool");
 };
 
+// SharedStorage::plan where the producer publishes none.
+struct NoPlans {};
+
 template <class T>
 struct alignas(1024) SharedStorage {
   uint8_t q[T::kQStages][T::kQBytes];    // (block_m, head_dim) as kPanels x (block_m, 64), swizzled
@@ -349,7 +353,8 @@ struct alignas(1024) SharedStorage {
   // Split tiles (Traits::kTailSplit) whose merge falls to a consumer warpgroup: the tail task of its piece
   // 0 and 1, or -1 (kernel.cuh). Here, not in registers: live across the main loop they spilled there.
   int32_t merge_task[T::kConsumerWarpgroups][2];
-  TilePlan plan[T::kQStages];  // the tile whose q is in q[s] (Traits::kPublishedTiles)
+  // The tile whose q is in q[s] (Traits::kPublishedTiles).
+  std::conditional_t<T::kPublishedTiles, TilePlan[T::kQStages], NoPlans> plan;
   // Traits::kSlabCols (epilogue.cuh); TMA stores from it: 1024-byte aligned panels.
   alignas(T::kSlabBytes > 0 ? 1024 : 16) uint8_t slab[T::kSlabBytes > 0 ? T::kSlabBytes : 16];
 };
