@@ -8,10 +8,10 @@ causal and not, forward and backward; plus the seeds' classic small problem. The
 rows time o alone, the lse not requested, as torch's SDPA runs under no_grad (its cuDNN and
 efficient kernels then skip the log-sum-exp); flashattn-sm90+lse is the same call writing the lse,
 as a training step's forward does (from run 49 on; the runs before timed that one as flashattn-sm90).
-From run 50 on the forward of those two and torch-cudnn's, the head-to-head of the Hopper issue, are
-timed interleaved in a palindrome (o, lse, cuDNN, cuDNN, lse, o: the card's clock drifts over a series,
-and each sees the same share of it); run 49 timed o then lse, the runs before every impl one after the
-other (cuDNN's forward after torch-efficient's backward).
+From run 51 on the forward of those two and torch-cudnn's, the head-to-head of the Hopper issue, are
+timed call by call in turn (interleaved: the card's clock moves over a series by more than the gaps
+measured); run 50 timed them in a palindrome of 125 ms windows, run 49 o then lse, the runs before
+every impl one after the other (cuDNN's forward after torch-efficient's backward).
 
 Each measurement is one JSON line: impl, pass, dtype, batch, heads, seqlen_q, seqlen_k,
 head_dim, causal, ms, tflops, device, date (+ max_abs_diff vs torch's math/flash output, and
@@ -27,6 +27,7 @@ import datetime
 import json
 import math
 import os
+import statistics
 import sys
 
 import torch
@@ -102,13 +103,37 @@ class Ours:
 
 
 def interleaved(fns, rep):
-    """Median times (ms) of fns, each timed twice for rep / 2 ms, in the order fns then fns reversed: the
-    card's clock drifts over a series (its power limit), and a palindrome gives each fn the same share."""
-    times = [[] for _ in fns]
-    order = list(range(len(fns)))
-    for i in order + order[::-1]:
-        times[i].append(do_bench(fns[i], warmup=25, rep=rep // 2, return_mode="median"))
-    return [sum(t) / len(t) for t in times]
+    """Median times (ms) of fns, their calls timed in turn: each call as do_bench times it (L2 flushed by
+    zeroing 256 MB, then CUDA events around the call), the order reversed every other round, about rep ms
+    of calls each. The card's clock moves over a series (its power limit), and by more than the gaps
+    being measured: turn by turn every fn meets the same states of it."""
+    cache = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        for fn in fns:
+            cache.zero_()
+            fn()
+    end.record()
+    torch.cuda.synchronize()
+    round_ms = start.elapsed_time(end) / 3
+    for _ in range(max(1, int(25 / round_ms))):  # warm-up, as do_bench's 25 ms
+        for fn in fns:
+            fn()
+    rounds = max(5, int(rep * len(fns) / round_ms))
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(rounds)]
+              for _ in fns]
+    for r in range(rounds):
+        for j in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
+            cache.zero_()
+            events[j][r][0].record()
+            fns[j]()
+            events[j][r][1].record()
+    torch.cuda.synchronize()
+    return [statistics.median(s.elapsed_time(e) for s, e in ev) for ev in events]
 
 
 def torch_fwd(backend, q, k, v, causal):
