@@ -154,8 +154,8 @@ def bench_case(lib, impls, batch, heads, seqlen, d, causal, passes, device, date
                 device=device, date=date)
     with torch.no_grad():
         ref = torch_fwd(SDPBackend.FLASH_ATTENTION if d <= 256 else SDPBackend.MATH, q, k, v, causal).float()
-    # The Hopper issue's head-to-head, interleaved (interleaved): our forward (o alone, and with the lse: what
-    # the lse costs) and cuDNN's; an impl that cannot run the shape stays out (its error comes below).
+    # The Hopper issue's head-to-head, its calls timed in turn (interleaved): our forward (o alone, and with the
+    # lse: what the lse costs) and cuDNN's; an impl that cannot run the shape stays out (its error comes below).
     ours90, head_to_head = None, {}
     if "fwd" in passes and "flashattn-sm90" in impls:
         try:
