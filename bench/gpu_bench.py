@@ -58,16 +58,17 @@ def flops(batch, heads, sq, sk, d, causal, bwd):
 class Ours:
     """One library implementation on fixed (batch, seqlen, heads, d) tensors. forward() returns o alone, as
     torch's SDPA does under no_grad (its cuDNN and efficient kernels then skip the log-sum-exp);
-    forward_lse() writes the lse too, as a training step's forward (and the backward) needs."""
+    forward_lse() writes the lse too, as a training step's forward (and the backward) needs. extra: more
+    fa_params fields for both (e.g. window_left, window_right)."""
 
-    def __init__(self, lib, impl, q, k, v, causal):
+    def __init__(self, lib, impl, q, k, v, causal, **extra):
         self.lib, self.impl, self.causal = lib, fa.IMPL[impl], causal
         self.q, self.k, self.v = q, k, v
         self.o = torch.empty_like(q)
         b, s, h, _ = q.shape
         self.lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
-        self.p = fa.params_from(torch, q, k, v, self.o, self.lse, causal)
-        self.p_o = fa.params_from(torch, q, k, v, self.o, None, causal)
+        self.p = fa.params_from(torch, q, k, v, self.o, self.lse, causal, **extra)
+        self.p_o = fa.params_from(torch, q, k, v, self.o, None, causal, **extra)
         self.ws_fwd = self._workspace(0)
 
     def _workspace(self, backward):

@@ -110,7 +110,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     if (consumer_wg == 0) pingpong_wait<T>(consumer_wg);
-    if (consumer_wg < 3) SM90_TRACE_CTA(p, 1 + consumer_wg);
+    static_assert(T::kConsumerWarpgroups <= 3, "the trace's CTA record: a start and an end per consumer warpgroup");
+    SM90_TRACE_CTA(p, 1 + consumer_wg);
   }
 }
 
