@@ -3,7 +3,8 @@
 
 One producer thread (k of block j before v of block j - 1, across tiles; q double-buffered, polled while it waits
 for a stage, then waited for at the tile's end) against the consumers (both warpgroups alike: one program; the
-staged epilogue frees a tile's q buffer when the next tile issues its first S). Loads complete as issued; a run
+staged epilogue frees a tile's q buffer when the next tile issues its first S; its 16-byte-store path, varlen and
+overhanging tiles, frees it at once, which can only help). Loads complete as issued; a run
 deadlocks when neither side can move. Without the patch's flush of the pending v at a tile without key blocks
 it deadlocks (e.g. tiles of 5, 0, 0, 1 blocks); with it, and in the order without the patch, it does not.
 Usage: python3 dev/sm90/k_ahead_sim.py"""
@@ -37,12 +38,12 @@ def run(tiles, KS, VS, k_ahead=True, flush_empty=True):
                 else:
                     yield from wait(lambda: k_free(g)); st['k_ld'] += 1
                     yield from wait(lambda: v_free(g)); st['v_ld'] += 1
-            if k_ahead and tiles[t] == 0 and pend is not None and flush_empty:
+            if k_ahead and pend is not None and ((tiles[t] == 0 and flush_empty) or t == T - 1):
                 yield from wait(lambda: v_free(pend)); st['v_ld'] += 1; pend = None
             if q_pending:
                 while not q_free(t + 1): yield
                 st['q_ld'] += 1
-        if pend is not None:
+        if pend is not None:  # main's order never leaves one; the patch flushes it at the last tile
             while not v_free(pend): yield
             st['v_ld'] += 1
     def consumer():
