@@ -6,7 +6,7 @@
 # into the untracked .ctrl/, carried; ctrl2: the same library again). SHAPES, N, ROUNDS: dev/sm90/fwd_ab.py's.
 # TESTS: a gtest filter of the GPU tests, built and run for the variants named in TESTED (default: the first;
 # name only the head dims built, e.g. 'Standard/Sm90Forward.*_d128_*': the others fail; the 184 head_dim 64
-# and 128 sm90 forward cases take ~200 s on an H100, their fp64 references on the CPU most of it);
+# and 128 sm90 forward cases take ~200 s on an H100, their fp64 references on the CPU most of it; TEST_TIMEOUT, default 300 s);
 # SANITIZE: one run under the sanitizers (needs TESTS; the first tested variant). Logs to $OUT.
 # Usage (repository root): VARIANTS='new=;noqregs=-DFLASHATTN_SM90_Q_REGS=0' bash dev/sm90/variants_ab.sh
 set -u
