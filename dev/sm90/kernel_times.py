@@ -1,5 +1,5 @@
-"""Where a short call's time goes, ours against cuDNN: the benchmark's interleaved timing (bench/gpu_bench.py:
-L2 flushed by zeroing 256 MB, CUDA events around each call, calls in turn) run under torch.profiler, so that each
+"""Where a short call's time goes, ours against cuDNN: the benchmark's interleaved timing (bench/gpu_bench.py's
+`interleaved`: L2 flushed by zeroing 256 MB, CUDA events around each call, calls in turn) run under torch.profiler, so that each
 call's event time sits beside the device time of its kernels (CUPTI) and the gap between the start event and the
 kernel. usage: python3 dev/sm90/kernel_times.py LIB [d,causal,seqlen[,heads[,batch]]];...  (bf16; heads 2048 / d,
 batch 16k tokens / seqlen by default)."""
@@ -16,64 +16,41 @@ import fa_ctypes as fa  # noqa: E402
 import gpu_bench as gb  # noqa: E402
 
 
-def run(lib, d, causal, s, heads, batch, rounds=60):
+def is_fill(kernel):
+    return "fill" in kernel.name.lower() or "zero" in kernel.name.lower()
+
+
+def run(lib, d, causal, s, heads, batch, rep_ms=100):
     gen = torch.Generator(device="cuda").manual_seed(s * 131 + d)
     q, k, v = (torch.randn((batch, s, heads, d), device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
     ours = gb.Ours(lib, "flashattn-sm90", q, k, v, bool(causal))
     fns = {"ours": ours.forward, "cudnn": lambda: gb.torch_fwd(SDPBackend.CUDNN_ATTENTION, q, k, v, bool(causal))}
-    cache = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
-    with torch.no_grad():
-        for _ in range(20):
-            for fn in fns.values():
-                cache.zero_()
-                fn()
-        torch.cuda.synchronize()
-        events = {n: [] for n in fns}
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for r in range(rounds):
-                order = list(fns) if r % 2 == 0 else list(reversed(fns))
-                for n in order:
-                    cache.zero_()
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    fns[n]()
-                    e1.record()
-                    events[n].append((e0, e1))
-            torch.cuda.synchronize()
-    ev_ms = {n: statistics.median(a.elapsed_time(b) for a, b in e) for n, e in events.items()}
-    # Device kernels in launch order: the zero fill, then the call's kernels, per call.
-    kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    kern.sort(key=lambda e: e.time_range.start)
-    per_call = {"ours": [], "cudnn": []}
-    gaps = {"ours": [], "cudnn": []}
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ev_ms = dict(zip(fns, gb.interleaved(list(fns.values()), rep_ms)))
+    # The device's kernels in time order: each timed call is the L2 flush's fill, then the call's kernels (ours
+    # alone; cuDNN's memset and kernel). Calls without a fill before them (interleaved's warm-up) are left out.
+    kern = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                  key=lambda e: e.time_range.start)
+    per_call, gaps, names = {n: [] for n in fns}, {n: [] for n in fns}, set()
     i = 0
-    calls = []
-    for r in range(rounds):
-        calls += list(fns) if r % 2 == 0 else list(reversed(list(fns)))
-    names = set()
-    for n in calls:
-        # the fill kernel first
-        while i < len(kern) and "fill" not in kern[i].name.lower() and "zero" not in kern[i].name.lower():
+    while i < len(kern):
+        if not is_fill(kern[i]):
             i += 1
-        if i >= len(kern):
-            break
-        fill_end = kern[i].time_range.end
-        i += 1
-        start, end, j = None, None, i
-        while j < len(kern) and "fill" not in kern[j].name.lower() and "zero" not in kern[j].name.lower():
-            names.add((n, kern[j].name[:60]))
-            start = kern[j].time_range.start if start is None else start
-            end = kern[j].time_range.end
+            continue
+        fill_end, j = kern[i].time_range.end, i + 1
+        while j < len(kern) and not is_fill(kern[j]):
             j += 1
+        call = kern[i + 1:j]
         i = j
-        if start is not None:
-            per_call[n].append((end - start) / 1000.0)
-            gaps[n].append((start - fill_end) / 1000.0)
-    out = {}
-    for n in fns:
-        out[n] = (ev_ms[n], statistics.median(per_call[n]) if per_call[n] else float("nan"),
-                  statistics.median(gaps[n]) if gaps[n] else float("nan"), len(per_call[n]))
-    return out, sorted(names)
+        owners = {"ours" if "flashattn" in e.name else "cudnn" for e in call}
+        if len(owners) != 1:
+            continue  # no kernel, or a warm-up pair without a flush between
+        n = owners.pop()
+        names.update((n, e.name[:60]) for e in call)
+        per_call[n].append((call[-1].time_range.end - call[0].time_range.start) / 1000.0)
+        gaps[n].append((call[0].time_range.start - fill_end) / 1000.0)
+    med = lambda x: statistics.median(x) if x else float("nan")  # noqa: E731
+    return {n: (ev_ms[n], med(per_call[n]), med(gaps[n]), len(per_call[n])) for n in fns}, sorted(names)
 
 
 def main():
