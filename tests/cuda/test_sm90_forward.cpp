@@ -176,6 +176,14 @@ std::vector<Case> sm90_forward_cases() {
       sv.batch = 5, sv.seqlen_q = 2000, sv.seqlen_k = 1900;
       out.push_back(sv);
     }
+    // Head_dim 128 without a mask, 385-512 keys (4 key blocks a tile): several tiles a CTA, GQA, the optimistic
+    // softmax's check failing (scale 8), varlen with an empty sequence and a row without keys.
+    Case f = fa_test::make_case(dt, 4, 1000, 500, 16, 4, 128);
+    out.push_back(f);
+    f = fa_test::make_case(dt, 2, 700, 420, 8, 8, 128);
+    f.softmax_scale = 8.f;
+    out.push_back(f);
+    out.push_back(fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 8, 2, 128), {900, 0, 300, 1}, {500, 7, 450, 0}));
     // Tiles aligned to the sequence's end (causal_row_shift: here the first tile overhangs row 0).
     Case cz;
     cz.dtype = dt, cz.head_dim = 128, cz.causal = true, cz.batch = 1, cz.num_heads = 4, cz.num_heads_kv = 2;
