@@ -108,6 +108,18 @@ TEST(Sm90FwdConfig, Hdim128) {
   EXPECT_EQ(fwd_kernel(problem(128, 4000, 4000, false, -1, true)), FwdKernel::kHdim128Serial);
 }
 
+// Only the short-key kernel without a mask loads a tile's next q after its k, v, and only in tiles of 4-5 key
+// blocks (docs/sm90.md, step 66: slower with 3, 6 or 8 blocks and causal); its siblings copy its line, not that.
+TEST(Sm90FwdConfig, Hdim128NextQAfterKeysOnlyWithoutAMask) {
+  using flashattn::cuda::sm90::fwd_config;
+  const auto no_mask = fwd_config(FwdKernel::kHdim128ShortKeysOptimistic);
+  EXPECT_EQ(no_mask.q_after_kv_from, 4);
+  EXPECT_EQ(no_mask.q_after_kv_to, 5);
+  for (FwdKernel k = FwdKernel::kHdim64TwoWarpgroups; k <= FwdKernel::kHdim256LongNoMask;
+       k = FwdKernel(int(k) + 1))
+    if (k != FwdKernel::kHdim128ShortKeysOptimistic) EXPECT_EQ(fwd_config(k).q_after_kv_to, 0) << int(k);
+}
+
 // launch_template.cuh instantiates a head dim's kernels as one run of the enum and takes fwd_kernel's choice
 // from that run: the runs are contiguous, and every choice is of the problem's head dim.
 TEST(Sm90FwdConfig, EveryChoiceIsOfTheProblemsHeadDim) {

@@ -184,6 +184,14 @@ std::vector<Case> sm90_forward_cases() {
     f.softmax_scale = 8.f;
     out.push_back(f);
     out.push_back(fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 8, 2, 128), {900, 0, 300, 1}, {500, 7, 450, 0}));
+    // More tiles than SMs without a mask, where a CTA may run a head's tiles in a row and take a tile's first key
+    // blocks from the ring as the tile before left them: 5 key blocks (the last partial) with GQA and scale 8,
+    // 2 blocks (every block of a tile kept), 1 block (none).
+    f = fa_test::make_case(dt, 3, 900, 600, 12, 3, 128);
+    f.softmax_scale = 8.f;
+    out.push_back(f);
+    out.push_back(fa_test::make_case(dt, 4, 1000, 250, 8, 8, 128));
+    out.push_back(fa_test::make_case(dt, 2, 1200, 100, 16, 1, 128));
     // Tiles aligned to the sequence's end (causal_row_shift: here the first tile overhangs row 0).
     Case cz;
     cz.dtype = dt, cz.head_dim = 128, cz.causal = true, cz.batch = 1, cz.num_heads = 4, cz.num_heads_kv = 2;
