@@ -184,9 +184,8 @@ std::vector<Case> sm90_forward_cases() {
     f.softmax_scale = 8.f;
     out.push_back(f);
     out.push_back(fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 8, 2, 128), {900, 0, 300, 1}, {500, 7, 450, 0}));
-    // More tiles than SMs without a mask, where a CTA may run a head's tiles in a row and take a tile's first key
-    // blocks from the ring as the tile before left them: 5 key blocks (the last partial) with GQA and scale 8,
-    // 2 blocks (every block of a tile kept), 1 block (none).
+    // More tiles than SMs without a mask at other key-block counts: 5 (the last partial; the producer loads the next q
+    // after a tile's k, v there, Traits::kQAfterKVTo) with GQA and scale 8, 2, and 1 (fewer blocks than k / v stages).
     f = fa_test::make_case(dt, 3, 900, 600, 12, 3, 128);
     f.softmax_scale = 8.f;
     out.push_back(f);

@@ -26,7 +26,7 @@ struct FwdConfig {
   bool keys_forward = false;    // a tile's key blocks ascending, not from the last down (KeyOrder)
   bool pingpong = false;        // the 2 consumer warpgroups take turns at their GEMMs (Traits::kPingPong)
   int q_after_kv_from = 0;      // tiles of q_after_kv_from to q_after_kv_to key blocks load the next q after
-  int q_after_kv_to = 0;        // their k, v (Traits::kQAfterKV); 0: none
+  int q_after_kv_to = 0;        // their k, v (Traits::kQAfterKVTo); 0: none
   constexpr int block_m() const { return 64 * consumers; }
 };
 

@@ -108,7 +108,7 @@ struct Producer {
   // tensor's end, and rows of the next varlen sequence are masked by index in the softmax.
   // With two q buffers the next tile's q is loaded as soon as its buffer is free (the consumers
   // release it at the end of the tile before this one): the waits for this tile's k, v stages
-  // poll for it (not in the tiles Traits::kQAfterKV names: they load it after their k, v). Only
+  // poll for it (not in the tiles Traits::kQAfterKVTo names: they load it after their k, v). Only
   // after this tile's loads are all issued does the loop block on it, so the consumers are never
   // kept waiting for k or v.
   __device__ static void run(const CUtensorMap* map_q, const CUtensorMap* map_k, const CUtensorMap* map_v,
@@ -153,10 +153,9 @@ struct Producer {
         key_block_range<T::kBlockM, T::kBlockN, T::kTailSplit>(tile, tile_mask<T>(tile, p), p, n_begin, n_end);
       }
 
-      // A tile of kQAfterKVFrom to kQAfterKVTo key blocks (Traits::kQAfterKV) loads the next q after its k, v: no
-      // polling for it here.
+      // A tile of Traits::kQAfterKVFrom to kQAfterKVTo key blocks loads the next q after its k, v: no polling for it here.
       const bool q_after_kv =
-          T::kQAfterKV && n_end - n_begin >= T::kQAfterKVFrom && n_end - n_begin <= T::kQAfterKVTo;
+          T::kQAfterKVTo > 0 && n_end - n_begin >= T::kQAfterKVFrom && n_end - n_begin <= T::kQAfterKVTo;
       auto wait_stage = [&](uint64_t* empty, uint32_t parity) {
         if (T::kQStages == 2 && next_q_pending && !q_after_kv) {
           while (!mbar_test_wait(empty, parity)) {

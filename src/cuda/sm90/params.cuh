@@ -86,7 +86,7 @@ constexpr int kTraceCtaBase = 8 * 4 * 64 * 16;
 #define FLASHATTN_SM90_OPT_MAX 1
 #endif
 
-// Dev switch: Traits::kQAfterKV's range in the kernels whose configuration sets one (-1: as it says).
+// Dev switch: Traits::kQAfterKVFrom / kQAfterKVTo in the kernels whose configuration sets one (-1: as it says).
 #ifndef FLASHATTN_SM90_Q_AFTER_KV_FROM
 #define FLASHATTN_SM90_Q_AFTER_KV_FROM -1
 #endif
@@ -299,12 +299,13 @@ struct Traits {
   static constexpr bool kStagedEpilogue =
       FLASHATTN_SM90_STAGED_EPILOGUE && kQStages == 2 && !kTileOverlap && kConsumerWarpgroups == 2;
   // Where a tile has kQAfterKVFrom to kQAfterKVTo key blocks, the producer loads the next tile's q only after the
-  // tile's k, v (Producer::run), not beside the loads its consumers wait for next (fwd_config's line says where).
-  static constexpr bool kQAfterKV = kQStages == 2 && kConfig.q_after_kv_to > 0;
+  // tile's k, v (Producer::run), not beside the loads its consumers wait for next (fwd_config's line says where;
+  // kQAfterKVTo 0: nowhere).
   static constexpr int kQAfterKVFrom =
       FLASHATTN_SM90_Q_AFTER_KV_FROM >= 0 ? FLASHATTN_SM90_Q_AFTER_KV_FROM : kConfig.q_after_kv_from;
-  static constexpr int kQAfterKVTo =
-      FLASHATTN_SM90_Q_AFTER_KV_TO >= 0 ? FLASHATTN_SM90_Q_AFTER_KV_TO : kConfig.q_after_kv_to;
+  static constexpr int kQAfterKVTo = kQStages < 2 || kConfig.q_after_kv_to == 0 ? 0
+                                     : FLASHATTN_SM90_Q_AFTER_KV_TO >= 0        ? FLASHATTN_SM90_Q_AFTER_KV_TO
+                                                                                : kConfig.q_after_kv_to;
   // The loads carry L2 eviction priorities: q evict_first (read once), k and v evict_last (read by
   // every tile of the head). Measured at head_dim 256: +3-6% causal at 512 keys, +1-3% at
   // 1k-4k, even elsewhere; at head_dim 64 and 128 even within the noise (docs/sm90.md, step 31).
