@@ -461,8 +461,11 @@ static void bench(const char* label, int only_d = 0, int only_causal = 0, int on
   cudaEventCreate(&e1);
   for (int d : {64, 128, 256}) {
     for (int causal : {0, 1}) {
-      for (int seqlen : {512, 1024, 2048, 4096, 8192, 16384}) {
-        if (only_d && (d != only_d || causal != only_causal || seqlen != only_seqlen)) continue;
+      // One shape (ncu, trace) may take any seqlen; the sweep its six.
+      const std::vector<int> seqlens =
+          only_d ? std::vector<int>{only_seqlen} : std::vector<int>{512, 1024, 2048, 4096, 8192, 16384};
+      for (int seqlen : seqlens) {
+        if (only_d && (d != only_d || causal != only_causal)) continue;
         if (!only_d && (!listed("BENCH_HDIMS", d) || !listed("BENCH_SEQLENS", seqlen))) continue;
         const int batch = 16384 / seqlen, H = d == 256 ? 8 : 2048 / d;
         fa_params p;
