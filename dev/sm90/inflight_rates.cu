@@ -1,8 +1,8 @@
 // Does a wgmma in flight slow the softmax beside it? (docs/sm90.md, step 67: an unused S in flight during a
 // tile's first softmax cost the head_dim 64 causal 512 cell 2-3%, the next block's S issued ahead of the
 // softmax 5-9%.) One CTA, 1 or 2 warpgroups, each running `reps` head_dim 64 blocks (64 x 128 scores a
-// warpgroup, as the 2-warpgroup kernels): the softmax of pipe_rates.cu (exp2 by FFMA and MUFU, the row sums in
-// 4 chains, P packed to bf16x2; with or without the row max) and, by mode, the block's GEMMs around it:
+// warpgroup, as the 2-warpgroup kernels): block_softmax.cuh's softmax (with or without the row max), P packed to
+// bf16x2, and, by mode, the block's GEMMs around it:
 //   0 softmax alone
 //   1 S = q k^T issued and waited for, then the softmax (a tile's first step)
 //   2 the next block's S in flight during the softmax (the lookahead of step 67)
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cuda_runtime.h>
 
+#include "block_softmax.cuh"
 #include "cuda/sm90/primitives.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
@@ -27,42 +28,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
-}
-
-// One block's softmax in place (64 scores a thread: rows r, r + 8), the head_dim 64 kernels' instructions.
-template <bool kMax>
-__device__ __forceinline__ void softmax(float (&s)[64], float scale, float (&row_sum)[2]) {
-  float m[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    if constexpr (kMax) {
-      float part[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) part[c] = fmaxf(s[4 * c + 2 * i], s[4 * c + 2 * i + 1]);
-#pragma unroll
-      for (int n = 4; n < 16; ++n) part[n % 4] = fmaxf(part[n % 4], fmaxf(s[4 * n + 2 * i], s[4 * n + 2 * i + 1]));
-      float x = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-      m[i] = x * scale;
-    } else {
-      m[i] = 0.f;  // the optimistic softmax: the running max as it stands
-    }
-  }
-  float sum[2][4] = {};
-#pragma unroll
-  for (int n = 0; n < 16; ++n)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float e;
-        asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fmaf(s[4 * n + 2 * i + j], scale, -m[i])));
-        s[4 * n + 2 * i + j] = e;
-        sum[i][n % 4] += e;
-      }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) row_sum[i] += (sum[i][0] + sum[i][1]) + (sum[i][2] + sum[i][3]);
 }
 
 __device__ __forceinline__ void to_a(const float (&s)[64], uint32_t (&pa)[8][4]) {
@@ -117,7 +82,7 @@ __global__ void __launch_bounds__(256, 1) inflight_kernel(long long* clocks, flo
   const long long t0 = clock64();
   for (int r = 0; r < reps; ++r) {
     if constexpr (kMode == 0) {
-      softmax<kMax>(s, scale, row_sum);
+      block_softmax<0, kMax>(s, scale, row_sum);
 #pragma unroll
       for (int e = 0; e < 64; ++e) s[e] = s[e] * 0.01f - 0.005f;  // the next block's scores from this one
     } else if constexpr (kMode == 1 || kMode == 4) {
@@ -131,7 +96,7 @@ __global__ void __launch_bounds__(256, 1) inflight_kernel(long long* clocks, flo
       }
 #pragma unroll
       for (int e = 0; e < 64; ++e) s[e] = acc[e];
-      softmax<kMax>(s, scale, row_sum);
+      block_softmax<0, kMax>(s, scale, row_sum);
       if constexpr (kMode == 4) {
         wgmma_wait<0>();
         fence_registers(extra);
@@ -144,7 +109,7 @@ __global__ void __launch_bounds__(256, 1) inflight_kernel(long long* clocks, flo
       fence_registers(acc);
       wgmma_fence();
       issue_s(acc);  // the next block's
-      softmax<kMax>(s, scale, row_sum);
+      block_softmax<0, kMax>(s, scale, row_sum);
       to_a(s, pa);
       wgmma_wait<0>();
       fence_registers(acc);
@@ -156,7 +121,7 @@ __global__ void __launch_bounds__(256, 1) inflight_kernel(long long* clocks, flo
       fence_registers(acc);
 #pragma unroll
       for (int e = 0; e < 64; ++e) s[e] = acc[e];
-      softmax<kMax>(s, scale, row_sum);
+      block_softmax<0, kMax>(s, scale, row_sum);
       wgmma_wait<0>();
       fence_registers(o);
 #pragma unroll

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "block_softmax.cuh"
+
 constexpr int kIters = 4096, kChains = 8;
 
 template <int kOp>
@@ -69,26 +71,8 @@ void measure(const char* name, int warps, float* out, long long* clocks) {
   printf("%-28s warps %2d: %6.2f clocks a warp instruction on an SMSP\n", name, warps, mx / per_smsp);
 }
 
-
-// One block's first softmax as the 2-warpgroup head_dim 64 kernel runs it (64 scores a thread: rows r and r + 8,
-// 32 columns each; the row max over the quad by two shuffles, exp2(s * scale - max), the row sums, P packed to
-// bf16x2), timed per warp; `reps` blocks back to back, each on fresh scores (s += p keeps a dependency).
-// 2^x for x <= 0 on the FMA pipe: x = j + f, j = rint(x), f in [-1/2, 1/2]; 2^f by a degree-4 polynomial
-// (relative error ~4e-6), j added to the exponent bits; x < -126 gives 0.
-__device__ __forceinline__ float exp2_poly(float x) {
-  x = fmaxf(x, -127.f);
-  const float j = __fadd_rn(x, 12582912.f);  // 1.5 * 2^23: rint(x) in the low bits
-  const float r = __fsub_rn(j, 12582912.f);
-  const float f = x - r;
-  float p = fmaf(f, 1.3333558e-3f, 9.6181291e-3f);
-  p = fmaf(p, f, 5.5504109e-2f);
-  p = fmaf(p, f, 2.4022651e-1f);
-  p = fmaf(p, f, 6.9314718e-1f);
-  p = fmaf(p, f, 1.f);
-  const int bits = __float_as_int(p) + (__float_as_int(j) << 23);
-  return x <= -127.f ? 0.f : __int_as_float(bits);
-}
-
+// One block's first softmax as the 2-warpgroup head_dim 64 kernel runs it (block_softmax.cuh), timed per warp;
+// `reps` blocks back to back, each on fresh scores (s += p keeps a dependency).
 template <int kPolyEvery, bool kMax, bool kSums = true>
 __global__ void softmax_kernel(float* out, long long* clocks, float scale, int reps) {
   float s[64];
@@ -99,37 +83,7 @@ __global__ void softmax_kernel(float* out, long long* clocks, float scale, int r
   __syncthreads();
   long long t0 = clock64();
   for (int r = 0; r < reps; ++r) {
-    float m[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float part[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) part[c] = fmaxf(s[4 * c + 2 * i], s[4 * c + 2 * i + 1]);
-#pragma unroll
-      for (int n = 4; n < 16; ++n) part[n % 4] = fmaxf(part[n % 4], fmaxf(s[4 * n + 2 * i], s[4 * n + 2 * i + 1]));
-      float x = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-      m[i] = kMax ? x * scale : scale;
-    }
-    float sum[2][4] = {};
-#pragma unroll
-    for (int n = 0; n < 16; ++n)
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          float e;
-          if (kPolyEvery > 0 && n % kPolyEvery == kPolyEvery - 1) {
-            e = exp2_poly(fmaf(s[4 * n + 2 * i + j], scale, -m[i]));
-          } else {
-            asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fmaf(s[4 * n + 2 * i + j], scale, -m[i])));
-          }
-          s[4 * n + 2 * i + j] = e;
-          if (kSums) sum[i][n % 4] += e;
-        }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) row_sum[i] += (sum[i][0] + sum[i][1]) + (sum[i][2] + sum[i][3]);
+    block_softmax<kPolyEvery, kMax, kSums>(s, scale, row_sum);
 #pragma unroll
     for (int k = 0; k < 32; ++k) {
       uint32_t p;
