@@ -72,7 +72,7 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
     case FwdKernel::kHdim128ShortKeys:
       return {.head_dim = 128, .block_n = 128, .rescale_early = true, .pingpong = true};
     case FwdKernel::kHdim128ShortKeysOptimistic: {
-      // Tiles of 4-5 key blocks (385-640 keys) load the next q after their k, v: +0.9-2.3% at 448-640 keys, even at
+      // Tiles of 4-5 key blocks (385-640 keys) load the next q after their k, v: +0.9-1.3% at 448-640 keys, even at
       // 384, 576, 704 and 1k; tiles of 3, 6 or 8 blocks, or causal ones at 512 keys, read 1-2% slower so (step 66).
       FwdConfig config = optimistic(fwd_config(FwdKernel::kHdim128ShortKeys));
       config.q_after_kv_from = 4, config.q_after_kv_to = 5;
