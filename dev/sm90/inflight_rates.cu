@@ -8,6 +8,8 @@
 //   2 the next block's S in flight during the softmax (the lookahead of step 67)
 //   3 S waited for, then the softmax with O += P v of the block before in flight (the steady step)
 //   4 as 1, plus an unused S in flight during the softmax (step 67's diagnostic)
+//   5 O += P v of the block before issued and waited for, then as 1 (the serial GEMMs, Traits::kSerial)
+//   6 S waited for, then O += P v of the block before issued and in flight during the softmax
 // Clocks a block, the slowest warp. q, k, v sit in shared memory in the kernels' 128-byte swizzle, filled
 // with small values (timing only; the result goes to `out` so that no wgmma is dead).
 //   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -std=c++20 -Isrc -Iinclude -o inflight_rates \
@@ -113,12 +115,22 @@ __global__ void __launch_bounds__(256, 1) inflight_kernel(long long* clocks, flo
       to_a(s, pa);
       wgmma_wait<0>();
       fence_registers(acc);
-    } else if constexpr (kMode == 3) {
+    } else if constexpr (kMode == 3 || kMode == 5 || kMode == 6) {
       wgmma_fence();
+      if constexpr (kMode == 5) {
+        issue_pv();  // P of the step before (pa), alone
+        wgmma_wait<0>();
+        fence_registers(o);
+        wgmma_fence();
+      }
       issue_s(acc);
-      issue_pv();  // P of the step before (pa)
-      wgmma_wait<1>();
+      if constexpr (kMode == 3) issue_pv();  // P of the step before (pa)
+      wgmma_wait<kMode == 3 ? 1 : 0>();
       fence_registers(acc);
+      if constexpr (kMode == 6) {
+        wgmma_fence();
+        issue_pv();
+      }
 #pragma unroll
       for (int e = 0; e < 64; ++e) s[e] = acc[e];
       block_softmax<0, kMax>(s, scale, row_sum);
@@ -159,6 +171,8 @@ void sweep(int warpgroups, long long* clocks, float* out) {
   measure<2, kMax>(warpgroups, "2 the next block's S in flight during the softmax", clocks, out);
   measure<3, kMax>(warpgroups, "3 S + O += P v, wait S, softmax, wait O (steady step)", clocks, out);
   measure<4, kMax>(warpgroups, "4 as 1 with an unused S in flight during the softmax", clocks, out);
+  measure<5, kMax>(warpgroups, "5 O += P v, wait, S, wait, softmax (serial GEMMs)", clocks, out);
+  measure<6, kMax>(warpgroups, "6 S, wait, O += P v in flight during the softmax, wait", clocks, out);
 }
 
 int main() {

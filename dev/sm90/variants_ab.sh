@@ -54,7 +54,9 @@ done
 # ctrl2: the control's library again, under another name: the spread of one build timed twice.
 cp build-ctrl/libflashattn.so build-ctrl/libflashattn-2.so
 libs="$libs,ctrl2=build-ctrl/libflashattn-2.so"
-N=${N:-20} python3 dev/sm90/fwd_ab.py "$libs" "$SHAPES" 2>&1 | grep -v -i warn | tee "$OUT/ab.txt"
+# Line-buffered, and under AB_TIMEOUT (s): a run cut short still returns the shapes timed so far.
+N=${N:-20} timeout ${AB_TIMEOUT:-900} python3 dev/sm90/fwd_ab.py "$libs" "$SHAPES" 2>&1 | grep --line-buffered -v -i warn |
+  tee "$OUT/ab.txt"
 echo "total: $((SECONDS - t0)) s"
 (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=ab.txt * && find . -maxdepth 1 -type f \
   ! -name logs.tgz ! -name ab.txt -delete)

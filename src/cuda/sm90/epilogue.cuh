@@ -8,6 +8,8 @@
 //                      stores);
 //   store_tile_staged: O through shared memory (the tile's own q buffer, whose rows the
 //                      warpgroup has finished reading), then a TMA store (or 16-byte stores).
+// Each takes the rows' 1 / row_sum from its caller (inverse_row_sums): head_dim 64's 2-warpgroup
+// kernels compute them while the tile's last O += P v runs (Consumer::kInverseEarly).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -46,13 +48,11 @@ __device__ __forceinline__ void inverse_row_sums(const float (&row_sum)[2], floa
 
 template <class T>
 __device__ __forceinline__ void store_tile(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
-                                           const float (&row_sum)[2], const FwdParams& p, const Tile& tile,
-                                           int consumer_wg) {
+                                           const float (&row_sum)[2], const float (&inv)[2], const FwdParams& p,
+                                           const Tile& tile, int consumer_wg) {
   const int thread = threadIdx.x % 128, lane = threadIdx.x % 32;
   const int32_t row0 = tile.row0 + 64 * consumer_wg + 16 * (thread / 32) + lane / 4;
   const int64_t batch_offset = p.cu_seqlens_q ? 0 : int64_t(tile.batch) * p.o_batch_stride;
-  float inv[2];  // a row that saw no key: o = 0, lse = -inf
-  inverse_row_sums(row_sum, inv);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int32_t row = row0 + 8 * i;
@@ -98,9 +98,10 @@ __device__ __forceinline__ void stmatrix_o(const float (&o)[T::kHeadDim / 2], co
 // store). Private to the warp: __syncwarp and the bulk-group waits are the only synchronization.
 template <class T>
 __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
-                                                const float (&row_sum)[2], const FwdParams& p,
-                                                const CUtensorMap* map_o, const Tile& tile, int consumer_wg,
-                                                uint8_t* slabs, [[maybe_unused]] int trace_count = 0) {
+                                                const float (&row_sum)[2], const float (&inv)[2],
+                                                const FwdParams& p, const CUtensorMap* map_o, const Tile& tile,
+                                                int consumer_wg, uint8_t* slabs,
+                                                [[maybe_unused]] int trace_count = 0) {
   constexpr int kChunks = T::kSlabCols / 8;  // 16-byte chunks of a slab row: 16 or 8
   constexpr int kRowsPerStore = 32 / kChunks;  // rows a warp store covers (varlen)
   constexpr int kPanelBytes = 16 * 128;
@@ -108,8 +109,6 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
   uint8_t* slab_ptr = slabs + (consumer_wg * 4 + warp) * 16 * T::kSlabCols * 2;
   const uint32_t slab = smem_addr(slab_ptr);
   auto chunk_addr = [&](int r, int c) { return swizzled_chunk(slab, kPanelBytes, r, c); };
-  float inv[2];
-  inverse_row_sums(row_sum, inv);
   const int32_t row_w = tile.row0 + 64 * consumer_wg + 16 * warp;  // first row of the warp
   const bool tma = FLASHATTN_SM90_TMA_STORE && !p.cu_seqlens_q && tile.row0 >= 0;  // see store_tile_staged
   const int64_t batch_offset = p.cu_seqlens_q ? 0 : int64_t(tile.batch) * p.o_batch_stride;
@@ -217,7 +216,9 @@ __device__ __forceinline__ void merge_pieces(const FwdParams& p, const Tile& til
       o[4 * n + 2] = fmaf(v.z, c1, o[4 * n + 2]), o[4 * n + 3] = fmaf(v.w, c1, o[4 * n + 3]);
     }
   }
-  store_tile<T>(o, m, l, p, tile, consumer_wg);
+  float inv[2];
+  inverse_row_sums(l, inv);
+  store_tile<T>(o, m, l, inv, p, tile, consumer_wg);
 }
 
 // O of this warpgroup's 64 rows into `q_tile` (the tile's q buffer: panels of 64 columns by
@@ -231,16 +232,14 @@ __device__ __forceinline__ void merge_pieces(const FwdParams& p, const Tile& til
 //     returns false.
 template <class T>
 __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim / 2], const float (&row_max)[2],
-                                                  const float (&row_sum)[2], const FwdParams& p,
-                                                  const CUtensorMap* map_o, const Tile& tile, int consumer_wg,
-                                                  uint8_t* q_tile, uint64_t* q_empty,
+                                                  const float (&row_sum)[2], const float (&inv)[2],
+                                                  const FwdParams& p, const CUtensorMap* map_o, const Tile& tile,
+                                                  int consumer_wg, uint8_t* q_tile, uint64_t* q_empty,
                                                   [[maybe_unused]] int trace_count = 0) {
   constexpr int kChunks = T::kHeadDim / 8;  // 16-byte chunks of a row
   const int thread = threadIdx.x % 128, lane = threadIdx.x % 32, warp = thread / 32;
   const uint32_t base = smem_addr(q_tile) + consumer_wg * 64 * 128;
   auto chunk_addr = [&](int r, int c) { return swizzled_chunk(base, T::kQPanelBytes, r, c); };  // r: of the warpgroup
-  float inv[2];
-  inverse_row_sums(row_sum, inv);
   stmatrix_o<T, kChunks>(o, inv, 0, [&](int r, int c) { return chunk_addr(16 * warp + r, c); });
   const int32_t row_wg = tile.row0 + 64 * consumer_wg;  // first row of the warpgroup
   // A TMA store whose box starts at a negative row faults (illegal instruction on the H100), unlike

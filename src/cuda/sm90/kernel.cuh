@@ -84,15 +84,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
         }
         if (store) {
+          float inv[2];
+          consumer.epilogue_inverse(inv);
           if constexpr (T::kStagedEpilogue) {
-            if (store_tile_staged<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg,
+            if (store_tile_staged<T>(consumer.o, consumer.row_max, consumer.row_sum, inv, p, &map_o, tile, consumer_wg,
                                      smem.q[qs], &smem.q_empty[qs], consumer.trace_count))
               deferred_q_release = qs;
           } else if constexpr (T::kSlabCols > 0) {
-            store_tile_slab<T>(consumer.o, consumer.row_max, consumer.row_sum, p, &map_o, tile, consumer_wg, smem.slab,
-                               consumer.trace_count);
+            store_tile_slab<T>(consumer.o, consumer.row_max, consumer.row_sum, inv, p, &map_o, tile, consumer_wg,
+                               smem.slab, consumer.trace_count);
           } else {
-            store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, p, tile, consumer_wg);
+            store_tile<T>(consumer.o, consumer.row_max, consumer.row_sum, inv, p, tile, consumer_wg);
           }
         }
         SM90_TRACE(p, consumer_wg, consumer.trace_count, 7);

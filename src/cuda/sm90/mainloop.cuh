@@ -241,6 +241,8 @@ struct Consumer {
   float o[kD / 2];
   float row_max[2];  // running max of the row's scores, log2 domain
   float row_sum[2];  // this thread's part of the running sum of exp2(score - row_max)
+  float row_inv[2];  // kInverseEarly: 1 / the row's full sum (inverse_row_sums), from run_tile for the epilogue
+  static constexpr bool kInverseEarly = T::kHeadDim == 64 && T::kConsumerWarpgroups == 2;
   int trace_count = 0;  // FLASHATTN_SM90_TRACE: tiles so far
 
   // Issues S = q k^T for this warpgroup's 64 rows: q (64, head_dim) and k (block_n, head_dim),
@@ -526,6 +528,7 @@ struct Consumer {
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
+    if constexpr (kInverseEarly) row_inv[0] = row_inv[1] = 0.f;  // a tile without a visible key: o = 0
 
     const int qs = q_pipe.index;
     SM90_TRACE(p, consumer_wg, trace_count, 0);
@@ -673,17 +676,39 @@ struct Consumer {
     wgmma_fence();
     issue_pv(pa, smem.v[prev_stage]);
     pingpong_pass<T>(consumer_wg);
+    // Head_dim 64's 2-warpgroup kernels: the row sums over the quad and their reciprocals while the last
+    // O += P v runs, so that after it the epilogue needs only O (+1.4-2% at causal 512-640 keys). Elsewhere
+    // after it, the epilogue taking the reciprocals: so too with 3 warpgroups measured 1-2% slower at head_dim
+    // 64 8k-16k, 0.995-1.006 at head_dim 128 and 256 (docs/sm90.md, step 68).
+    if constexpr (kInverseEarly) {
+      quad_row_sums();
+      inverse_row_sums(row_sum, row_inv);
+      fence_registers(row_inv);  // computed here, not after the wait
+    }
     wgmma_wait<0>();
     fence_registers(o);
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);
     if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
     SM90_TRACE(p, consumer_wg, trace_count, 6);
+    if constexpr (!kInverseEarly) quad_row_sums();
+  }
 
+  // row_sum: the thread's parts summed over its quad (the 4 threads of a row).
+  __device__ __forceinline__ void quad_row_sums() {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
       row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
+    }
+  }
+
+  // The reciprocals of the full row sums for the epilogue: from run_tile (kInverseEarly), or computed here.
+  __device__ __forceinline__ void epilogue_inverse(float (&inv)[2]) const {
+    if constexpr (kInverseEarly) {
+      inv[0] = row_inv[0], inv[1] = row_inv[1];
+    } else {
+      inverse_row_sums(row_sum, inv);
     }
   }
 
@@ -724,7 +749,7 @@ struct Consumer {
       float zero_o[kD / 2], zero_stat[2] = {0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < kD / 2; ++i) zero_o[i] = 0.f;
-      store_tile<T>(zero_o, zero_stat, zero_stat, p, w.tile, consumer_wg);
+      store_tile<T>(zero_o, zero_stat, zero_stat, zero_stat, p, w.tile, consumer_wg);
     }
     return false;
   }
@@ -737,7 +762,9 @@ struct Consumer {
       stat_sum[i] += __shfl_xor_sync(0xffffffffu, stat_sum[i], 1);
       stat_sum[i] += __shfl_xor_sync(0xffffffffu, stat_sum[i], 2);
     }
-    store_tile<T>(o, stat_max, stat_sum, p, tile, consumer_wg);
+    float inv[2];
+    inverse_row_sums(stat_sum, inv);
+    store_tile<T>(o, stat_max, stat_sum, inv, p, tile, consumer_wg);
   }
 
   // All tiles of this CTA as one stream of key blocks. A step issues S of the stream's next block
