@@ -75,7 +75,11 @@ __device__ __forceinline__ bool consumer_next_tile(SharedStorage<T>& smem, const
                                                    TilePlan& plan) {
   if constexpr (T::kPublishedTiles) {
     mbar_wait(&smem.q_full[q_pipe.index], q_pipe.phase);
-    plan = smem.plan[q_pipe.index];
+    if constexpr (FLASHATTN_SM90_PLAN_LDS) {
+      plan = ld_shared_copy(smem.plan[q_pipe.index]);
+    } else {
+      plan = smem.plan[q_pipe.index];
+    }
     return plan.tile.valid;
   } else {
     if (!next_tile<T::kTailSplit>(round, p, plan.tile)) return false;

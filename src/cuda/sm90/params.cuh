@@ -104,6 +104,12 @@ constexpr int kTraceCtaBase = 8 * 4 * 64 * 16;
 #define FLASHATTN_SM90_TMA_STORE 1
 #endif
 
+// Dev switch: the consumers read a tile's published plan by ld.shared (ld_shared_copy), all of it at once;
+// 0: plain reads of smem.plan, generic loads, the valid flag first (docs/sm90.md, step 68).
+#ifndef FLASHATTN_SM90_PLAN_LDS
+#define FLASHATTN_SM90_PLAN_LDS 0
+#endif
+
 // Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
 // choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
 // (128 or 192), 128 (128 or 176) and 256 (64 or 80), where the O rescale runs

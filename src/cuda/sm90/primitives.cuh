@@ -287,6 +287,22 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                "r"(r2), "r"(r3)
                : "memory");
 }
+// A copy of x (8-byte aligned, trivially copyable) from shared memory by 8-byte ld.shared, issued in
+// program order (volatile: after the wait that publishes it). The kernel rounds its shared memory's base
+// as an integer, so plain reads of its fields are generic loads.
+template <class X>
+__device__ __forceinline__ X ld_shared_copy(const X& x) {
+  static_assert(sizeof(X) % 8 == 0 && alignof(X) >= 8, "8-byte words");
+  uint2 w[sizeof(X) / 8];
+  const uint32_t addr = smem_addr(&x);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(X) / 8); ++i)
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w[i].x), "=r"(w[i].y) : "r"(addr + 8 * i));
+  X out;
+  __builtin_memcpy(&out, w, sizeof(X));
+  return out;
+}
+
 __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
