@@ -681,9 +681,9 @@ struct Consumer {
     issue_pv(pa, smem.v[prev_stage]);
     pingpong_pass<T>(consumer_wg);
     // Head_dim 64's 2-warpgroup kernels: the row sums over the quad and their reciprocals while the last
-    // O += P v runs, so that after it the epilogue needs only O (+1.4-2% at causal 512-640 keys). Elsewhere
-    // after it, the epilogue taking the reciprocals: so too with 3 warpgroups measured 1-2% slower at head_dim
-    // 64 8k-16k, 0.995-1.006 at head_dim 128 and 256 (docs/sm90.md, step 68).
+    // O += P v runs, so that after it the epilogue needs only O (+1.4-2% at causal 512-640 keys). Elsewhere they
+    // follow the wait (the epilogue takes the reciprocals): computed early everywhere, head_dim 64's 3-warpgroup
+    // kernels read 1-2% slower at 8k-16k, head_dim 128 and 256 0.995-1.006 (docs/sm90.md, step 68).
     if constexpr (kInverseEarly) {
       quad_row_sums();
       inverse_row_sums(row_sum, row_inv);

@@ -104,8 +104,8 @@ constexpr int kTraceCtaBase = 8 * 4 * 64 * 16;
 #define FLASHATTN_SM90_TMA_STORE 1
 #endif
 
-// Dev switch: the consumers read a tile's published plan by ld.shared (ld_shared_copy), all of it at once;
-// 0: plain reads of smem.plan, generic loads, the valid flag first (docs/sm90.md, step 68).
+// Dev switch: the consumers read a tile's published plan by ld.shared (ld_shared_copy); 0: plain reads of
+// smem.plan, generic loads (docs/sm90.md, step 68).
 #ifndef FLASHATTN_SM90_PLAN_LDS
 #define FLASHATTN_SM90_PLAN_LDS 0
 #endif

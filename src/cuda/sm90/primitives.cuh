@@ -287,6 +287,7 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                "r"(r2), "r"(r3)
                : "memory");
 }
+
 // A copy of x (8-byte aligned, trivially copyable) from shared memory by 8-byte ld.shared, issued in
 // program order (volatile: after the wait that publishes it). The kernel rounds its shared memory's base
 // as an integer, so plain reads of its fields are generic loads.
