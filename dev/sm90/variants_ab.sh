@@ -41,8 +41,10 @@ for lib in $(echo "$libs" | tr ',' '\n' | cut -d= -f2); do
 done
 # TESTS: a gtest filter of the GPU tests, run on each tested variant's build.
 for name in ${TESTS:+$TESTED}; do
-  timeout ${TEST_TIMEOUT:-300} "build-$name/tests/flashattn_cuda_tests" --gtest_brief=1 --gtest_filter="$TESTS" >"$OUT/tests-$name.log" 2>&1
-  echo "tests ($name, $TESTS) rc=$? ($((SECONDS - t0)) s)"; grep -E "FAILED|PASSED|tests ran" "$OUT/tests-$name.log" | head -20
+  # Every case's line (not --gtest_brief): a run cut by TEST_TIMEOUT still tells how many passed.
+  timeout ${TEST_TIMEOUT:-300} "build-$name/tests/flashattn_cuda_tests" --gtest_filter="$TESTS" >"$OUT/tests-$name.log" 2>&1
+  echo "tests ($name, $TESTS) rc=$? ($((SECONDS - t0)) s): $(grep -c '^\[       OK \]' "$OUT/tests-$name.log") passed"
+  grep -E "^\[  FAILED  \]|PASSED|tests ran" "$OUT/tests-$name.log" | head -20
 done
 # SANITIZE: a gtest filter run under compute-sanitizer memcheck, racecheck and synccheck (the first tested variant).
 first=${TESTED%% *}
