@@ -685,7 +685,7 @@ struct Consumer {
     // follow the wait (the epilogue takes the reciprocals): computed early everywhere, head_dim 64's 3-warpgroup
     // kernels read 1-2% slower at 8k-16k, head_dim 128 and 256 0.995-1.006 (docs/sm90.md, step 68).
     if constexpr (kInverseEarly) {
-      quad_row_sums();
+      quad_sums(row_sum);
       inverse_row_sums(row_sum, row_inv);
       fence_registers(row_inv);  // computed here, not after the wait
     }
@@ -695,15 +695,15 @@ struct Consumer {
     for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);
     if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
     SM90_TRACE(p, consumer_wg, trace_count, 6);
-    if constexpr (!kInverseEarly) quad_row_sums();
+    if constexpr (!kInverseEarly) quad_sums(row_sum);
   }
 
-  // row_sum: the thread's parts summed over its quad (the 4 threads of a row).
-  __device__ __forceinline__ void quad_row_sums() {
+  // The thread's parts of its two rows' sums, summed over its quad (the 4 threads of a row).
+  __device__ __forceinline__ static void quad_sums(float (&sums)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
-      row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
+      sums[i] += __shfl_xor_sync(0xffffffffu, sums[i], 1);
+      sums[i] += __shfl_xor_sync(0xffffffffu, sums[i], 2);
     }
   }
 
@@ -761,11 +761,7 @@ struct Consumer {
   // O / row_sum and lse of a finished tile to global memory (the row sums summed over the quad).
   __device__ __forceinline__ void store_finished(const float (&stat_max)[2], float (&stat_sum)[2], const Tile& tile,
                                                  const FwdParams& p, int consumer_wg) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      stat_sum[i] += __shfl_xor_sync(0xffffffffu, stat_sum[i], 1);
-      stat_sum[i] += __shfl_xor_sync(0xffffffffu, stat_sum[i], 2);
-    }
+    quad_sums(stat_sum);
     float inv[2];
     inverse_row_sums(stat_sum, inv);
     store_tile<T>(o, stat_max, stat_sum, inv, p, tile, consumer_wg);
