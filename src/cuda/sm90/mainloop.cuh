@@ -75,7 +75,7 @@ __device__ __forceinline__ bool consumer_next_tile(SharedStorage<T>& smem, const
                                                    TilePlan& plan) {
   if constexpr (T::kPublishedTiles) {
     mbar_wait(&smem.q_full[q_pipe.index], q_pipe.phase);
-    if constexpr (FLASHATTN_SM90_PLAN_LDS) {
+    if constexpr (T::kPlanByLds) {
       plan = ld_shared_copy(smem.plan[q_pipe.index]);
     } else {
       plan = smem.plan[q_pipe.index];

@@ -104,12 +104,6 @@ constexpr int kTraceCtaBase = 8 * 4 * 64 * 16;
 #define FLASHATTN_SM90_TMA_STORE 1
 #endif
 
-// Dev switch: the consumers read a tile's published plan by ld.shared (ld_shared_copy); 0: plain reads of
-// smem.plan, generic loads (docs/sm90.md, step 68).
-#ifndef FLASHATTN_SM90_PLAN_LDS
-#define FLASHATTN_SM90_PLAN_LDS 0
-#endif
-
 // Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
 // choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
 // (128 or 192), 128 (128 or 176) and 256 (64 or 80), where the O rescale runs
@@ -353,6 +347,10 @@ struct Traits {
   // after the wait for q, sits in vector registers (a decoded tile in uniform ones): 64-500 bytes spilled,
   // 3-25% slower. Those decode as before (taking only the plan's key blocks measured even).
   static constexpr bool kPublishedTiles = kConsumerWarpgroups == 2 && !kTailSplit && kHeadDim <= 128;
+  // At head_dim 64 the consumers read the plan by ld.shared (ld_shared_copy), not by the generic loads plain
+  // reads of smem.plan compile to: +0.8-1.6% at causal 512-768 keys, even elsewhere; 0.993-0.995x at head_dim
+  // 128 512 keys without a mask, so not there (docs/sm90.md, step 69).
+  static constexpr bool kPlanByLds = kPublishedTiles && kHeadDim == 64;
   static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap), "split tiles: head_dim 128, tile by tile");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
