@@ -348,7 +348,7 @@ struct Traits {
   // 3-25% slower. Those decode as before (taking only the plan's key blocks measured even).
   static constexpr bool kPublishedTiles = kConsumerWarpgroups == 2 && !kTailSplit && kHeadDim <= 128;
   // At head_dim 64 the consumers read the plan by ld.shared (ld_shared_copy), not by the generic loads plain
-  // reads of smem.plan compile to: +0.8-1.6% at causal 512-768 keys, even elsewhere; 0.993-0.995x at head_dim
+  // reads of smem.plan compile to: +0.9-1.6% at causal 512-640 keys, even elsewhere; 0.993-0.995x at head_dim
   // 128 512 keys without a mask, so not there (docs/sm90.md, step 69).
   static constexpr bool kPlanByLds = kPublishedTiles && kHeadDim == 64;
   static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap), "split tiles: head_dim 128, tile by tile");
