@@ -246,7 +246,11 @@ struct Consumer {
   float row_max[2];  // running max of the row's scores, log2 domain
   float row_sum[2];  // this thread's part of the running sum of exp2(score - row_max)
   float row_inv[2];  // kInverseEarly: 1 / the row's full sum (inverse_row_sums), from run_tile for the epilogue
-  static constexpr bool kInverseEarly = T::kHeadDim == 64 && T::kConsumerWarpgroups == 2;
+  // The row sums' reciprocals taken while a tile's last O += P v runs (inverse_row_sums): head_dim 64's 2-warpgroup
+  // kernels (+1.4-2.0% at causal 512-640 keys) and its causal 3-warpgroup kernel (key blocks ascending: +0.1-0.8%
+  // at causal 896-1k keys, even at 2k-16k); head_dim 64 without a mask 1-4% slower at 8k-16k, head_dim 128 and 256
+  // even (docs/sm90.md, steps 68, 70).
+  static constexpr bool kInverseEarly = T::kHeadDim == 64 && (T::kConsumerWarpgroups == 2 || T::kKeysForward);
   int trace_count = 0;  // FLASHATTN_SM90_TRACE: tiles so far
 
   // Issues S = q k^T for this warpgroup's 64 rows: q (64, head_dim) and k (block_n, head_dim),
