@@ -245,12 +245,7 @@ struct Consumer {
   float o[kD / 2];
   float row_max[2];  // running max of the row's scores, log2 domain
   float row_sum[2];  // this thread's part of the running sum of exp2(score - row_max)
-  float row_inv[2];  // kInverseEarly: 1 / the row's full sum (inverse_row_sums), from run_tile for the epilogue
-  // The row sums' reciprocals taken while a tile's last O += P v runs (inverse_row_sums): head_dim 64's 2-warpgroup
-  // kernels (+1.4-2.0% at causal 512-640 keys) and its causal 3-warpgroup kernel (key blocks ascending: +0.1-0.8%
-  // at causal 896-1k keys, even at 2k-16k); head_dim 64 without a mask 1-4% slower at 8k-16k, head_dim 128 and 256
-  // even (docs/sm90.md, steps 68, 70).
-  static constexpr bool kInverseEarly = T::kHeadDim == 64 && (T::kConsumerWarpgroups == 2 || T::kKeysForward);
+  float row_inv[2];  // Traits::kInverseEarly: 1 / the row's full sum (inverse_row_sums), from run_tile for the epilogue
   int trace_count = 0;  // FLASHATTN_SM90_TRACE: tiles so far
 
   // Issues S = q k^T for this warpgroup's 64 rows: q (64, head_dim) and k (block_n, head_dim),
@@ -536,7 +531,7 @@ struct Consumer {
     for (int i = 0; i < kD / 2; ++i) o[i] = 0.f;
     row_max[0] = row_max[1] = -INFINITY;
     row_sum[0] = row_sum[1] = 0.f;
-    if constexpr (kInverseEarly) row_inv[0] = row_inv[1] = 0.f;  // a tile without a visible key: o = 0
+    if constexpr (T::kInverseEarly) row_inv[0] = row_inv[1] = 0.f;  // a tile without a visible key: o = 0
 
     const int qs = q_pipe.index;
     SM90_TRACE(p, consumer_wg, trace_count, 0);
@@ -688,7 +683,7 @@ struct Consumer {
     // O += P v runs, so that after it the epilogue needs only O (+1.4-2% at causal 512-640 keys). Elsewhere they
     // follow the wait (the epilogue takes the reciprocals): computed early everywhere, head_dim 64's 3-warpgroup
     // kernels read 1-2% slower at 8k-16k, head_dim 128 and 256 0.995-1.006 (docs/sm90.md, step 68).
-    if constexpr (kInverseEarly) {
+    if constexpr (T::kInverseEarly) {
       quad_sums(row_sum);
       inverse_row_sums(row_sum, row_inv);
       fence_registers(row_inv);  // computed here, not after the wait
@@ -699,7 +694,7 @@ struct Consumer {
     for (int kk = 0; kk < kN / 16; ++kk) fence_registers(pa[kk]);
     if (signals) mbar_arrive(&smem.v_empty[prev_stage]);
     SM90_TRACE(p, consumer_wg, trace_count, 6);
-    if constexpr (!kInverseEarly) quad_sums(row_sum);
+    if constexpr (!T::kInverseEarly) quad_sums(row_sum);
   }
 
   // The thread's parts of its two rows' sums, summed over its quad (the 4 threads of a row).
@@ -711,9 +706,9 @@ struct Consumer {
     }
   }
 
-  // The reciprocals of the full row sums for the epilogue: from run_tile (kInverseEarly), or computed here.
+  // The reciprocals of the full row sums for the epilogue: from run_tile (Traits::kInverseEarly), or computed here.
   __device__ __forceinline__ void epilogue_inverse(float (&inv)[2]) const {
-    if constexpr (kInverseEarly) {
+    if constexpr (T::kInverseEarly) {
       inv[0] = row_inv[0], inv[1] = row_inv[1];
     } else {
       inverse_row_sums(row_sum, inv);

@@ -351,6 +351,11 @@ struct Traits {
   // reads of smem.plan compile to: +0.9-1.6% at causal 512-640 keys, even elsewhere; 0.993-0.995x at head_dim
   // 128 512 keys without a mask, so not there (docs/sm90.md, step 69).
   static constexpr bool kPlanByLds = kPublishedTiles && kHeadDim == 64;
+  // The row sums summed over the quad and their reciprocals taken while a tile's last O += P v runs, not after it
+  // (Consumer::run_tile, inverse_row_sums): head_dim 64's 2-warpgroup kernels (+1.4-2.0% at causal 512-640 keys)
+  // and its causal 3-warpgroup kernel (key blocks ascending: +0.1-0.8% at causal 896-1k keys, even at 2k-16k);
+  // head_dim 64 without a mask 0.5-4% slower at 8k-16k, head_dim 128 and 256 even (docs/sm90.md, steps 68, 70).
+  static constexpr bool kInverseEarly = kHeadDim == 64 && (kConsumerWarpgroups == 2 || kKeysForward);
   static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap), "split tiles: head_dim 128, tile by tile");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
