@@ -8,8 +8,8 @@
 //                      stores);
 //   store_tile_staged: O through shared memory (the tile's own q buffer, whose rows the
 //                      warpgroup has finished reading), then a TMA store (or 16-byte stores).
-// Each takes the rows' 1 / row_sum from its caller (inverse_row_sums): head_dim 64's 2-warpgroup
-// kernels compute them while the tile's last O += P v runs (Traits::kInverseEarly).
+// Each takes the rows' 1 / row_sum from its caller (inverse_row_sums): the kernels Traits::kInverseEarly
+// names compute them while the tile's last O += P v runs.
 #pragma once
 
 #include <cuda_bf16.h>

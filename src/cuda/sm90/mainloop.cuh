@@ -679,10 +679,8 @@ struct Consumer {
     wgmma_fence();
     issue_pv(pa, smem.v[prev_stage]);
     pingpong_pass<T>(consumer_wg);
-    // Head_dim 64's 2-warpgroup kernels: the row sums over the quad and their reciprocals while the last
-    // O += P v runs, so that after it the epilogue needs only O (+1.4-2% at causal 512-640 keys). Elsewhere they
-    // follow the wait (the epilogue takes the reciprocals): computed early everywhere, head_dim 64's 3-warpgroup
-    // kernels read 1-2% slower at 8k-16k, head_dim 128 and 256 0.995-1.006 (docs/sm90.md, step 68).
+    // Traits::kInverseEarly: the row sums over the quad and their reciprocals while the last O += P v runs, so
+    // that after it the epilogue needs only O; elsewhere they follow the wait (the epilogue takes the reciprocals).
     if constexpr (T::kInverseEarly) {
       quad_sums(row_sum);
       inverse_row_sums(row_sum, row_inv);
