@@ -153,3 +153,25 @@ TEST(LastRoundSplit, PiecesCoverTheIterationsInOrder) {
 }
 
 }  // namespace
+
+// even_rounds_grid: the same number of rounds as a CTA per SM, no round but the last short of a task a
+// CTA, and no smaller grid does it (the sweep's 2048 tiles: 128 CTAs).
+TEST(EvenRoundsGrid, SameRoundsEveryRoundFull) {
+  EXPECT_EQ(flashattn::even_rounds_grid(2048, 132), 128);
+  EXPECT_EQ(flashattn::even_rounds_grid(1024, 132), 128);
+  EXPECT_EQ(flashattn::even_rounds_grid(133, 132), 67);
+  EXPECT_EQ(flashattn::even_rounds_grid(132, 132), 132);
+  EXPECT_EQ(flashattn::even_rounds_grid(5, 132), 5);
+  EXPECT_EQ(flashattn::even_rounds_grid(0, 132), 1);
+  for (int64_t sms : {1, 7, 78, 114, 132})
+    for (int64_t tasks = 1; tasks <= 3000; ++tasks) {
+      const int64_t grid = flashattn::even_rounds_grid(tasks, sms), rounds = (tasks + sms - 1) / sms;
+      ASSERT_GE(grid, 1);
+      ASSERT_LE(grid, std::min(tasks, sms)) << tasks << " tasks, " << sms << " SMs";
+      ASSERT_EQ((tasks + grid - 1) / grid, rounds) << tasks << " tasks, " << sms << " SMs";
+      ASSERT_GT(tasks, (rounds - 1) * grid) << tasks << " tasks, " << sms << " SMs";  // the last round runs
+      ASSERT_GE(grid * rounds, tasks);
+      ASSERT_LT(grid * rounds - tasks, rounds) << tasks << " tasks, " << sms << " SMs";  // < 1 task a round idle
+      if (grid > 1) ASSERT_GT((tasks + grid - 2) / (grid - 1), rounds) << "a smaller grid takes as many rounds";
+    }
+}

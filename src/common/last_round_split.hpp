@@ -8,6 +8,7 @@
 //   tail_stream: the R I iterations as one stream cut into S <= W equal segments, one per CTA (stream-K):
 //     R I / S iterations a CTA, whatever R; a segment holds a piece of one task or of two. The Hopper
 //     forward (q tiles over key blocks, sm90/launch_template.cuh).
+// Or, unsplit, even_rounds_grid: the fewest CTAs that still take ceil(T / W) rounds, every round full.
 #pragma once
 
 #include <algorithm>
@@ -24,6 +25,15 @@ namespace flashattn {
 // row sees every key). Only then is the last round's work one task's times the tasks left.
 inline bool equal_tasks(const fa_params& p) {
   return !is_varlen(p) && !p.causal && p.window_left < 0 && p.window_right < 0;
+}
+
+// The grid for `tasks` equal tasks on `num_sms` SMs that runs as many rounds as one CTA per SM, with every
+// round full but the last, which lacks fewer than one task a round: ceil(T / ceil(T / W)). 2048 tasks on
+// 132 SMs: 128 CTAs, 16 full rounds, instead of 15 rounds of 132 and one of 68. 1 for no task.
+inline int64_t even_rounds_grid(int64_t tasks, int64_t num_sms) {
+  if (tasks <= 0 || num_sms <= 0) return 1;
+  const int64_t rounds = (tasks + num_sms - 1) / num_sms;
+  return (tasks + rounds - 1) / rounds;
 }
 
 // Piece `piece` of `pieces` of a task's `iters` iterations: [begin, end) = [I j / P, I (j + 1) / P)

@@ -180,6 +180,14 @@ Status launch(const fa_params& p) {
     fp.tail_o = reinterpret_cast<float4*>(ws + tail.done_bytes + tail.ml_bytes);
     FA_CUDA_CHECK(cudaMemsetAsync(fp.tail_done, 0, tail.done_bytes, stream_of(p)));
   }
+  // Equal tiles, unsplit, at head_dim 128 and 256: the fewest CTAs that take as many rounds, every round full
+  // (2048 tiles: 128 CTAs for 16 rounds, not 15 of 132 and one of 68; fewer CTAs a round share HBM and L2):
+  // +0.8-0.9% at head_dim 128 512-640 keys, +1.3-1.7% at 256 512-2k, +3.5% with 136 tiles, even at 128 1k;
+  // at head_dim 64 even on the sweep, 1.4% slower with 135 tiles (docs/sm90.md, step 71). Elsewhere a CTA
+  // per SM (causal tiles differ: the sections' model balances them).
+  const bool even_rounds = kHeadDim >= 128 && equal_tasks(p) && !split;
+  const int64_t grid = even_rounds ? even_rounds_grid(fp.num_tasks, dev.num_sms)
+                                   : std::min<int64_t>(fp.num_tasks, dev.num_sms);
   // k and v of one (batch, head): seqlen_k * head_dim * 2 tensors * 2 bytes. Half of L2 for them.
   const int64_t kv_bytes = std::max<int64_t>(1, int64_t(p.seqlen_k) * kHeadDim * 4);
   const int64_t l2_heads = std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, num_bh);
@@ -195,7 +203,6 @@ Status launch(const fa_params& p) {
   // round then mixes long and short tiles), so not there (docs/sm90.md, step 8). The snake order
   // pairs the long causal m_blocks of one round with the short ones of the next.
   if (!p.causal || fp.num_m_blocks <= 4 || (kHeadDim == 64 && p.seqlen_q <= 4096)) {
-    const int64_t grid = std::min<int64_t>(num_tiles, dev.num_sms);
     const int64_t round_heads = std::max<int64_t>(1, grid / fp.num_m_blocks);
     fp.heads_per_section = int32_t(std::min<int64_t>(fp.heads_per_section, round_heads));
     fp.snake_order = 1;
@@ -213,10 +220,9 @@ Status launch(const fa_params& p) {
   // Causal problems below those lengths (in snake order; fixed length, where every (batch, head) has the
   // same tiles): the section size from the schedule's model.
   else if (p.causal && !varlen && fp.snake_order && FLASHATTN_SM90_SECTION_HEADS != 0) {
-    const int32_t grid = int32_t(std::min<int64_t>(num_tiles, dev.num_sms));
     fp.heads_per_section = FLASHATTN_SM90_SECTION_HEADS > 0
                                ? int32_t(std::clamp<int64_t>(FLASHATTN_SM90_SECTION_HEADS, 1, num_bh))
-                               : causal_section_heads<T>(p, fp, num_bh, l2_heads, grid);
+                               : causal_section_heads<T>(p, fp, num_bh, l2_heads, int32_t(grid));
   }
 
   fp.section_tiles_div = FastDivmod(fp.heads_per_section * fp.num_m_blocks);
@@ -229,8 +235,7 @@ Status launch(const fa_params& p) {
   static_assert(smem_bytes <= 227 * 1024, "shared memory per CTA");
   constexpr auto kernel = &fwd_kernel<T>;
   FA_RETURN_IF_ERROR(opt_in_shared_memory<kernel>(dev, int(smem_bytes), "flashattn-sm90", "forward", kHeadDim));
-  const int grid = int(std::min<int64_t>(fp.num_tasks, dev.num_sms));
-  kernel<<<grid, T::kThreads, smem_bytes, stream_of(p)>>>(map_q, map_k, map_v, map_o, fp);
+  kernel<<<int(grid), T::kThreads, smem_bytes, stream_of(p)>>>(map_q, map_k, map_v, map_o, fp);
   FA_CUDA_CHECK_LAUNCH("flashattn-sm90 forward");
   return {};
 }

@@ -1,9 +1,9 @@
-// Persistent tile scheduler: the grid is one CTA per SM; in round r the CTAs take tiles
-// r * grid ... r * grid + grid - 1, CTA c the c-th of them in even rounds and the c-th from the
-// end in odd rounds (a snake draft). With the tiles sorted longest first (causal) this evens out
-// the work per CTA: plain round-robin gives CTA 0 the longest tile of every round when the
-// number of m_blocks is close to the grid size (1.8x the mean at seqlen 16k). The host turns it
-// on per problem (FwdParams::snake_order).
+// Persistent tile scheduler: the grid is one CTA per SM (equal tiles: as few as take as many rounds,
+// even_rounds_grid); in round r the CTAs take tiles r * grid ... r * grid + grid - 1, CTA c the c-th
+// of them in even rounds and the c-th from the end in odd rounds (a snake draft). With the tiles
+// sorted longest first (causal) this evens out the work per CTA: plain round-robin gives CTA 0 the
+// longest tile of every round when the number of m_blocks is close to the grid size (1.8x the mean
+// at seqlen 16k). The host turns it on per problem (FwdParams::snake_order).
 //
 // A tile is (m_block, batch, head); a task is a tile, or a piece of one of the last round's split
 // tiles (FwdParams::tail_begin: those run last, two rounds). Tiles are grouped in sections of heads_per_section
