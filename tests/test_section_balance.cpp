@@ -1,5 +1,5 @@
 // The model of the Hopper forward's static schedule (src/common/section_balance.hpp) that sizes the causal
-// L2 sections (sm90/launch_template.cuh, causal_section_heads): its makespan against a tile-by-tile
+// L2 sections (sm90/launch_template.cuh, causal_schedule): its makespan against a tile-by-tile
 // replay of scheduler.cuh's order, and the section size it picks.
 #include <gtest/gtest.h>
 
@@ -34,7 +34,7 @@ int64_t replay(const std::vector<int32_t>& cost, int64_t num_bh, int64_t heads_p
 }
 
 // Causal tiles of one (batch, head), longest first: m_blocks of block_m rows over key blocks of block_n,
-// each + 2 (what causal_section_heads charges for a tile's loads and epilogue).
+// each + 2 (what causal_schedule charges for a tile's loads and epilogue).
 std::vector<int32_t> causal_costs(int32_t seqlen, int32_t block_m, int32_t block_n) {
   std::vector<int32_t> cost;
   for (int32_t m = (seqlen + block_m - 1) / block_m - 1; m >= 0; --m)
@@ -108,6 +108,30 @@ TEST(SectionBalance, EdgeCases) {
   const int64_t many = flashattn::kSectionModelTiles / int64_t(cost.size()) + 1;
   EXPECT_EQ(balanced_section_heads(cost, many, 25, 132), 25);
   EXPECT_EQ(balanced_section_heads({}, 40, 25, 132), 25);
+}
+
+// fewest_ctas_schedule: the grid it picks keeps the makespan and the sections of one CTA per SM (by the
+// replay of scheduler.cuh's order), is a multiple of the tiles a head and no more than 1/16 under max_grid;
+// d128 causal 512 (512 heads of 4 tiles): 128 CTAs, each exactly 72.
+TEST(SectionBalance, FewestCtasKeepTheMakespan) {
+  const std::vector<int32_t> c512 = causal_costs(512, 128, 128);
+  const flashattn::SectionSchedule s512 = flashattn::fewest_ctas_schedule(c512, 512, 50, 132);
+  EXPECT_EQ(s512.grid, 128);
+  EXPECT_EQ(replay(c512, 512, s512.heads, s512.grid), 72);
+  for (const int32_t seqlen : {384, 512, 1024, 2048, 4096})
+    for (const int64_t num_bh : {1, 7, 40, 128, 256, 512}) {
+      const std::vector<int32_t> cost = causal_costs(seqlen, 128, 128);
+      const int64_t l2_heads = std::max<int64_t>(1, (int64_t(25) << 20) / (int64_t(seqlen) * 512));
+      const int64_t heads = balanced_section_heads(cost, num_bh, l2_heads, 132);
+      const flashattn::SectionSchedule s = flashattn::fewest_ctas_schedule(cost, num_bh, l2_heads, 132);
+      const std::string where = std::to_string(seqlen) + " keys, " + std::to_string(num_bh) + " heads";
+      EXPECT_LE(s.grid, 132) << where;
+      EXPECT_GE(s.grid, 132 - 132 / 16) << where;
+      EXPECT_LE(replay(cost, num_bh, s.heads, s.grid), replay(cost, num_bh, heads, 132)) << where;
+      EXPECT_EQ(s.heads, heads) << where;  // the sections as at 132
+      if (s.grid != 132) EXPECT_EQ(s.grid % int32_t(cost.size()), 0) << where;  // whole sections a round
+    }
+  EXPECT_EQ(flashattn::fewest_ctas_schedule(c512, 512, 50, 1).grid, 1);
 }
 
 }  // namespace

@@ -61,4 +61,33 @@ inline int64_t balanced_section_heads(const std::vector<int32_t>& cost, int64_t 
   return half;
 }
 
+// A causal problem's schedule: its grid and section size. From one CTA per SM (max_grid) down, the fewest
+// CTAs that keep one CTA per SM's makespan with the same sections: as many rounds with fewer CTAs a round to
+// share HBM and L2 (d128 causal 512: 512 heads of 4 tiles costing 6, 5, 4 and 3 take 72 on 132 CTAs or on
+// 128, each of those then exactly 72). Candidates: multiples of the tiles a head (a section then fills whole
+// rounds), down to the fewest that could hold the total cost in that makespan and to 15/16 of max_grid (each
+// candidate runs the model again: ~8 at most on 132 SMs).
+struct SectionSchedule {
+  int32_t grid = 1;
+  int64_t heads = 1;
+};
+inline SectionSchedule fewest_ctas_schedule(const std::vector<int32_t>& cost, int64_t num_bh, int64_t l2_heads,
+                                            int32_t max_grid) {
+  SectionSchedule best{std::max(max_grid, 1), balanced_section_heads(cost, num_bh, l2_heads, max_grid)};
+  if (max_grid <= 1 || cost.empty() || num_bh * int64_t(cost.size()) > kSectionModelTiles) return best;
+  const int64_t span = snake_makespan(cost, num_bh, best.heads, max_grid);
+  int64_t total = 0;
+  for (const int32_t c : cost) total += c;
+  total *= num_bh;
+  const int64_t lowest = std::max<int64_t>({1, (total + span - 1) / span, max_grid - max_grid / 16});
+  const int32_t tiles_per_head = int32_t(cost.size());
+  for (int32_t g = max_grid - 1; g >= lowest; --g) {
+    if (g % tiles_per_head != 0) continue;
+    // The same sections only: where the model moved them with the grid, it read 0.89-1.17 (step 71).
+    if (balanced_section_heads(cost, num_bh, l2_heads, g) != best.heads) continue;
+    if (snake_makespan(cost, num_bh, best.heads, g) <= span) best.grid = g;
+  }
+  return best;
+}
+
 }  // namespace flashattn

@@ -23,7 +23,7 @@ extern int* flashattn_sm90_watchdog;  // dev: set by dev/sm90/harness.cu
 #endif
 
 // Dev switch: the causal L2 sections' size (heads_per_section) below the one-section lengths: -1 the
-// schedule's model (causal_section_heads), 0 the L2's choice alone (before step 40), > 0 that many heads.
+// schedule's model (causal_schedule), 0 the L2's choice alone (before step 40), > 0 that many heads.
 #ifndef FLASHATTN_SM90_SECTION_HEADS
 #define FLASHATTN_SM90_SECTION_HEADS -1
 #endif
@@ -44,10 +44,14 @@ int32_t causal_row_shift(const fa_params& p) {
 // the CTAs of each round: from the sizes whose k and v fit L2, the one the schedule's model balances best
 // (common/section_balance.hpp; a tile costs its key blocks + 2 there, for its loads and epilogue). l2_heads:
 // the heads whose k and v take half the L2. Measured +3-25% at head_dim 128 and 256 with 512-4k keys, even
-// at 64 (docs/sm90.md, step 40). The model costs the host about 1 ns a tile and candidate (10-60 us at
-// 1k-4k tiles), so it runs once per problem: the answers for the last four are kept.
+// at 64 (docs/sm90.md, step 40). At head_dim 128 and 256 also the grid: the fewest CTAs that keep the
+// model's makespan and sections (fewest_ctas_schedule; 128 or 126 CTAs at 256-1k keys): +0.6-2.6% at head_dim
+// 128 256-1k keys, +0.4-1.0% at 256 384-512 (at head_dim 64 0.97-1.00 with 128: step 71). The model costs the
+// host about 1 ns a tile and candidate (10-60 us at 1k-4k tiles; up to ~8 grids more), so it runs once per
+// problem: the answers for the last four are kept.
 template <class T>
-int32_t causal_section_heads(const fa_params& p, const FwdParams& fp, int64_t num_bh, int64_t l2_heads, int32_t grid) {
+SectionSchedule causal_schedule(const fa_params& p, const FwdParams& fp, int64_t num_bh, int64_t l2_heads,
+                                int32_t grid) {
   struct Key {
     int32_t seqlen_q, seqlen_k, window_left, window_right, grid;
     int64_t num_bh, l2_heads;
@@ -55,13 +59,13 @@ int32_t causal_section_heads(const fa_params& p, const FwdParams& fp, int64_t nu
   };
   struct Entry {
     Key key{};
-    int32_t heads = 0;  // 0: empty
+    SectionSchedule schedule{0, 0};  // heads 0: empty
   };
   static thread_local Entry memo[4];  // the last problems' answers, replaced round-robin
   static thread_local int next = 0;
   const Key key{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right, grid, num_bh, l2_heads};
   for (const Entry& e : memo)
-    if (e.heads > 0 && e.key == key) return e.heads;
+    if (e.schedule.heads > 0 && e.key == key) return e.schedule;
   // In run order (the last m_block first), each tile's key blocks + 2.
   std::vector<int32_t> cost = tile_key_blocks<T::kBlockM, T::kBlockN>(mask_of(p), fp.num_m_blocks, fp.row_shift);
   std::reverse(cost.begin(), cost.end());
@@ -69,8 +73,9 @@ int32_t causal_section_heads(const fa_params& p, const FwdParams& fp, int64_t nu
   Entry& e = memo[next];
   next = (next + 1) % 4;
   e.key = key;
-  e.heads = int32_t(balanced_section_heads(cost, num_bh, l2_heads, grid));
-  return e.heads;
+  e.schedule = T::kHeadDim >= 128 ? fewest_ctas_schedule(cost, num_bh, l2_heads, grid)
+                                  : SectionSchedule{grid, balanced_section_heads(cost, num_bh, l2_heads, grid)};
+  return e.schedule;
 }
 
 // The last round's split (tail_stream, common/last_round_split.hpp) of a problem whose tiles all visit
@@ -186,8 +191,8 @@ Status launch(const fa_params& p) {
   // at head_dim 64 even on the sweep, 1.4% slower with 135 tiles (docs/sm90.md, step 71). Elsewhere a CTA
   // per SM (causal tiles differ: the sections' model balances them).
   const bool even_rounds = kHeadDim >= 128 && equal_tasks(p) && !split;
-  const int64_t grid = even_rounds ? even_rounds_grid(fp.num_tasks, dev.num_sms)
-                                   : std::min<int64_t>(fp.num_tasks, dev.num_sms);
+  int64_t grid = even_rounds ? even_rounds_grid(fp.num_tasks, dev.num_sms)
+                             : std::min<int64_t>(fp.num_tasks, dev.num_sms);
   // k and v of one (batch, head): seqlen_k * head_dim * 2 tensors * 2 bytes. Half of L2 for them.
   const int64_t kv_bytes = std::max<int64_t>(1, int64_t(p.seqlen_k) * kHeadDim * 4);
   const int64_t l2_heads = std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, num_bh);
@@ -220,9 +225,13 @@ Status launch(const fa_params& p) {
   // Causal problems below those lengths (in snake order; fixed length, where every (batch, head) has the
   // same tiles): the section size from the schedule's model.
   else if (p.causal && !varlen && fp.snake_order && FLASHATTN_SM90_SECTION_HEADS != 0) {
-    fp.heads_per_section = FLASHATTN_SM90_SECTION_HEADS > 0
-                               ? int32_t(std::clamp<int64_t>(FLASHATTN_SM90_SECTION_HEADS, 1, num_bh))
-                               : causal_section_heads<T>(p, fp, num_bh, l2_heads, int32_t(grid));
+    if (FLASHATTN_SM90_SECTION_HEADS > 0) {
+      fp.heads_per_section = int32_t(std::clamp<int64_t>(FLASHATTN_SM90_SECTION_HEADS, 1, num_bh));
+    } else {
+      const SectionSchedule schedule = causal_schedule<T>(p, fp, num_bh, l2_heads, int32_t(grid));
+      fp.heads_per_section = int32_t(schedule.heads);
+      grid = schedule.grid;
+    }
   }
 
   fp.section_tiles_div = FastDivmod(fp.heads_per_section * fp.num_m_blocks);
