@@ -152,8 +152,6 @@ TEST(LastRoundSplit, PiecesCoverTheIterationsInOrder) {
     }
 }
 
-}  // namespace
-
 // even_rounds_grid: the same number of rounds as a CTA per SM, no round but the last short of a task a
 // CTA, and no smaller grid does it (the sweep's 2048 tiles: 128 CTAs).
 TEST(EvenRoundsGrid, SameRoundsEveryRoundFull) {
@@ -175,3 +173,5 @@ TEST(EvenRoundsGrid, SameRoundsEveryRoundFull) {
       if (grid > 1) ASSERT_GT((tasks + grid - 2) / (grid - 1), rounds) << "a smaller grid takes as many rounds";
     }
 }
+
+}  // namespace
