@@ -134,4 +134,50 @@ TEST(SectionBalance, FewestCtasKeepTheMakespan) {
   EXPECT_EQ(flashattn::fewest_ctas_schedule(c512, 512, 50, 1).grid, 1);
 }
 
+// causal_grid_schedule: whole rounds of whole heads (a grid that is a multiple of the tiles a head and divides
+// the tiles, sections of one head) for heads of up to 12 tiles, where their makespan is within 5% of
+// fewest_ctas_schedule's; its cases measured in docs/sm90.md, step 72 (132 SMs).
+TEST(SectionBalance, WholeRoundsWithinFivePercent) {
+  // Head_dim 256 causal 896 keys (7 tiles a head, 144 heads): 126 CTAs, 8 rounds, makespan 80 against 84.
+  const std::vector<int32_t> c896 = causal_costs(896, 128, 64);
+  const flashattn::SectionSchedule s896 = flashattn::causal_grid_schedule(c896, 144, 34, 132);
+  EXPECT_EQ(s896.grid, 126);
+  EXPECT_EQ(s896.heads, 1);
+  EXPECT_EQ(replay(c896, 144, 1, 126), 80);
+  // Head_dim 256 causal 1536 (12 tiles a head, 80 heads: 960 tiles) has no whole rounds on 124-132 CTAs.
+  const std::vector<int32_t> c1536 = causal_costs(1536, 128, 64);
+  EXPECT_EQ(flashattn::whole_rounds_schedule(c1536, 80, 132).grid, 0);
+  const flashattn::SectionSchedule f1536 = flashattn::fewest_ctas_schedule(c1536, 80, 20, 132);
+  const flashattn::SectionSchedule s1536 = flashattn::causal_grid_schedule(c1536, 80, 20, 132);
+  EXPECT_EQ(s1536.grid, f1536.grid);
+  EXPECT_EQ(s1536.heads, f1536.heads);
+  for (const int32_t block_n : {64, 128})
+    for (const int32_t seqlen : {384, 640, 896, 1024, 1152, 2048, 4096})
+      for (const int64_t num_bh : {1, 7, 40, 128, 144, 256, 512}) {
+        const std::vector<int32_t> cost = causal_costs(seqlen, 128, block_n);
+        const int64_t nm = int64_t(cost.size());
+        const int64_t l2_heads = std::max<int64_t>(1, (int64_t(30) << 20) / (int64_t(seqlen) * block_n * 8));
+        const flashattn::SectionSchedule fewest = flashattn::fewest_ctas_schedule(cost, num_bh, l2_heads, 132);
+        const flashattn::SectionSchedule s = flashattn::causal_grid_schedule(cost, num_bh, l2_heads, 132);
+        const std::string where = std::to_string(seqlen) + " keys, block_n " + std::to_string(block_n) + ", " +
+                                  std::to_string(num_bh) + " heads";
+        if (s.grid == fewest.grid && s.heads == fewest.heads) continue;
+        EXPECT_LE(nm, flashattn::kWholeRoundsMaxTiles) << where;
+        EXPECT_EQ(s.heads, 1) << where;
+        EXPECT_EQ(s.grid % nm, 0) << where;                 // whole heads a round
+        EXPECT_EQ(num_bh * nm % s.grid, 0) << where;        // whole rounds
+        EXPECT_GE(s.grid, 132 - 132 / 16) << where;
+        EXPECT_LE(replay(cost, num_bh, 1, s.grid) * 100, replay(cost, num_bh, fewest.heads, fewest.grid) * 105)
+            << where;
+      }
+  // Head_dim 128 causal 2k (16 tiles a head, 128 heads): whole rounds on 128 CTAs are within 2% in the model,
+  // but past 12 tiles a head not taken (0.99 measured).
+  const std::vector<int32_t> c2k = causal_costs(2048, 128, 128);
+  EXPECT_EQ(flashattn::whole_rounds_schedule(c2k, 128, 132).grid, 128);
+  EXPECT_EQ(flashattn::causal_grid_schedule(c2k, 128, 15, 132).heads,
+            flashattn::fewest_ctas_schedule(c2k, 128, 15, 132).heads);
+  EXPECT_EQ(flashattn::whole_rounds_schedule({}, 40, 132).grid, 0);
+  EXPECT_EQ(flashattn::causal_grid_schedule(c896, 144, 34, 1).grid, 1);
+}
+
 }  // namespace

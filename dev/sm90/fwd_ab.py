@@ -1,6 +1,7 @@
 """Two or more builds of the library side by side on the Hopper forward (flashattn-sm90), bf16, one
 process: each shape timed by every build in turn, ROUNDS times (default 2; every other round in reverse
-order), median of N calls (CUDA events, back to back) each time. usage: python3 dev/sm90/fwd_ab.py
+order), median of N calls (CUDA events, back to back) each time; CUDNN=1: torch's cuDNN SDPA (no_grad, o
+alone, as the library benchmark times it) as one more column, in the same rounds. usage: python3 dev/sm90/fwd_ab.py
 NAME=LIB,NAME=LIB [SHAPES]. SHAPES: ';'-separated
 "d,causal,seqlen[,heads[,batch[,window_left[,window_right]]]]" (a window: window_right 0 unless given;
 TFLOP/s then count the scores inside it); default: the
@@ -36,6 +37,10 @@ if os.environ.get("FLUSH", "0") == "1":
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
 
 names = list(libs)
+if os.environ.get("CUDNN", "0") == "1":
+    names.append("cudnn")
+props = torch.cuda.get_device_properties(0)
+print(f"# {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MiB", flush=True)
 print("d causal seqlen heads batch | " + " ".join(f"{n:>8}" for n in names) + " | " +
       " ".join(f"{n}/{names[0]}" for n in names[1:]), flush=True)
 for shape in shapes:
@@ -47,10 +52,14 @@ for shape in shapes:
     wr = shape[6] if len(shape) > 6 else (0 if wl >= 0 else -1)
     ours = {n: gb.Ours(lib, "flashattn-sm90", q, k, v, bool(causal), window_left=wl, window_right=wr)
             for n, lib in libs.items()}
+    calls = {n: o.forward for n, o in ours.items()}
+    if "cudnn" in names:
+        calls["cudnn"] = lambda: gb.torch_fwd(gb.SDPBackend.CUDNN_ATTENTION, q, k, v, bool(causal))
     times = {n: [] for n in names}
     for r in range(ROUNDS):
         for n in names if r % 2 == 0 else names[::-1]:
-            times[n].append(median_ms(ours[n].forward, n=N, before=flush))
+            with torch.no_grad():
+                times[n].append(median_ms(calls[n], n=N, before=flush))
     fl = gb.flops(b, heads, s, s, d, bool(causal), False)
     if wl >= 0 or wr >= 0:  # the keys each row sees: [i - wl, i + wr] (and <= i with causal), within [0, s)
         right = [min(s - 1, i + (0 if causal else wr if wr >= 0 else s)) for i in range(s)]

@@ -90,4 +90,38 @@ inline SectionSchedule fewest_ctas_schedule(const std::vector<int32_t>& cost, in
   return best;
 }
 
+// Whole rounds of whole heads: the grid G, down to 15/16 of max_grid, a multiple of the tiles a head that
+// divides the tiles, and sections of one head. Each round then runs all the tiles of G / tiles-a-head heads
+// at once (a head's k and v come from HBM once for all its m_blocks), and the snake pairs each CTA's longest
+// tile of a round with its shortest of the next. {0, 0}: no such grid; of several, the smallest makespan.
+inline SectionSchedule whole_rounds_schedule(const std::vector<int32_t>& cost, int64_t num_bh, int32_t max_grid) {
+  SectionSchedule best{0, 0};
+  const int64_t tiles_per_head = int64_t(cost.size());
+  if (tiles_per_head == 0 || num_bh * tiles_per_head > kSectionModelTiles) return best;
+  int64_t best_span = 0;
+  for (int32_t g = max_grid; g >= std::max(1, max_grid - max_grid / 16); --g) {
+    if (g % tiles_per_head != 0 || num_bh * tiles_per_head % g != 0) continue;
+    const int64_t span = snake_makespan(cost, num_bh, 1, g);
+    if (best.grid == 0 || span <= best_span) best = {g, 1}, best_span = span;  // ties: fewer CTAs
+  }
+  return best;
+}
+
+// A causal problem's schedule at head_dim 128 and 256: fewest_ctas_schedule's, or, for heads of up to
+// kWholeRoundsMaxTiles tiles, whole rounds where their makespan is within 5% of it. The model knows no L2,
+// and undervalues whole rounds where the L2's sections span 1.25-3.5 rounds: +1.6-21% at 640-1152 keys
+// (head_dim 256 causal 896: 80 against 84 for 66 heads a section, +21%), even at head_dim 128 768. With 16
+// and 32 tiles a head the sections keep a head's tiles together already: head_dim 128 2k 0.991-0.994, 256 2k
+// 1.004-1.013; rounds not whole (12 tiles a head on 132 CTAs, 0.97) are not taken (docs/sm90.md, step 72).
+constexpr int64_t kWholeRoundsMaxTiles = 12;
+inline SectionSchedule causal_grid_schedule(const std::vector<int32_t>& cost, int64_t num_bh, int64_t l2_heads,
+                                            int32_t max_grid) {
+  const SectionSchedule fewest = fewest_ctas_schedule(cost, num_bh, l2_heads, max_grid);
+  if (int64_t(cost.size()) > kWholeRoundsMaxTiles) return fewest;
+  const SectionSchedule whole = whole_rounds_schedule(cost, num_bh, max_grid);
+  if (whole.grid == 0) return fewest;
+  const int64_t span = snake_makespan(cost, num_bh, fewest.heads, fewest.grid);
+  return snake_makespan(cost, num_bh, 1, whole.grid) * 100 <= span * 105 ? whole : fewest;
+}
+
 }  // namespace flashattn

@@ -199,6 +199,14 @@ std::vector<Case> sm90_forward_cases() {
     // The same with more query rows than keys (the rows of the overhanging tile see no key) and a window.
     cz.seqlen_q = 3500, cz.seqlen_k = 2100, cz.num_heads = 2, cz.num_heads_kv = 1, cz.window_left = 500;
     out.push_back(cz);
+    // Causal whole rounds of whole heads (causal_grid_schedule, on 132 SMs): 250 tiles of 5 a head on 125 CTAs
+    // (head_dim 128, 640 keys), 252 of 7 on 126 (head_dim 256, 896 keys, GQA); two rounds each, sections of one head.
+    Case wr = fa_test::make_case(dt, 10, 640, 640, 5, 5, 128);
+    wr.causal = true;
+    out.push_back(wr);
+    wr = fa_test::make_case(dt, 9, 896, 896, 4, 2, 256);
+    wr.causal = true;
+    out.push_back(wr);
   }
   return out;
 }
