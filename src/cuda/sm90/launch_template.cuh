@@ -47,8 +47,8 @@ int32_t causal_row_shift(const fa_params& p) {
 // at 64 (docs/sm90.md, step 40). At head_dim 128 and 256 also the grid: the fewest CTAs that keep the
 // model's makespan and sections (fewest_ctas_schedule; 128 or 126 CTAs at 256-1k keys): +0.6-2.6% at head_dim
 // 128 256-1k keys, +0.4-1.0% at 256 384-512 (at head_dim 64 0.97-1.00 with 128: step 71), or whole rounds of
-// whole heads up to 1.5k keys (causal_grid_schedule: +1.6-21% at 640-1152 keys, step 72). The model costs the host about 1 ns a
-// tile and candidate (10-60 us at 1k-4k tiles; up to ~16 grids more), so it runs once per
+// whole heads up to 1.5k keys (causal_grid_schedule: +1.6-21% at 640-1152 keys, step 72). The model costs the
+// host about 1 ns a tile and candidate (10-60 us at 1k-4k tiles; up to ~16 grids more), so it runs once per
 // problem: the answers for the last four are kept, in statics of internal linkage (a template's local static
 // is otherwise one object in a process across every copy of the library: two builds timed side by side would
 // share their answers).
