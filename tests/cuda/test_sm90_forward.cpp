@@ -105,6 +105,11 @@ std::vector<Case> sm90_forward_cases() {
     Case two = fa_test::make_case(dt, 1, 640, 640, 8, 1, 64);
     two.causal = true;
     out.push_back(two);
+    // The same kernel with more tiles than 2 x 132 SMs (320): CTAs reuse a q buffer and its tile plan (read by
+    // ld.shared); scripts/gpu_run.sh runs the sanitizers on it.
+    two = fa_test::make_case(dt, 8, 512, 512, 10, 2, 64);
+    two.causal = true;
+    out.push_back(two);
     Case tv = fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 4, 2, 64), {500, 0, 130, 1}, {480, 20, 300, 64});
     tv.causal = true, tv.softmax_scale = 8.f;
     out.push_back(tv);
