@@ -22,6 +22,10 @@ using fa_test::Case;
 
 std::vector<Case> sm90_forward_cases() {
   std::vector<Case> out;
+  auto causal = [](Case c) {
+    c.causal = true;
+    return c;
+  };
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
     // The kernel takes head dims 64, 128, 256 and 16-byte strides (TMA); the rest goes to sm80.
     for (const Case& c : fa_test::standard_forward_cases(dt, 256))
@@ -102,14 +106,10 @@ std::vector<Case> sm90_forward_cases() {
       two.causal = true, two.softmax_scale = scale;
       out.push_back(two);
     }
-    Case two = fa_test::make_case(dt, 1, 640, 640, 8, 1, 64);
-    two.causal = true;
-    out.push_back(two);
+    out.push_back(causal(fa_test::make_case(dt, 1, 640, 640, 8, 1, 64)));
     // The same kernel with more tiles than 2 x 132 SMs (320): CTAs reuse a q buffer and its tile plan (read by
     // ld.shared); scripts/gpu_run.sh runs the sanitizers on it.
-    two = fa_test::make_case(dt, 8, 512, 512, 10, 2, 64);
-    two.causal = true;
-    out.push_back(two);
+    out.push_back(causal(fa_test::make_case(dt, 8, 512, 512, 10, 2, 64)));
     Case tv = fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 4, 2, 64), {500, 0, 130, 1}, {480, 20, 300, 64});
     tv.causal = true, tv.softmax_scale = 8.f;
     out.push_back(tv);
@@ -206,12 +206,8 @@ std::vector<Case> sm90_forward_cases() {
     out.push_back(cz);
     // Causal whole rounds of whole heads (causal_grid_schedule, on 132 SMs): 250 tiles of 5 a head on 125 CTAs
     // (head_dim 128, 640 keys), 252 of 7 on 126 (head_dim 256, 896 keys, GQA); two rounds each, sections of one head.
-    Case wr = fa_test::make_case(dt, 10, 640, 640, 5, 5, 128);
-    wr.causal = true;
-    out.push_back(wr);
-    wr = fa_test::make_case(dt, 9, 896, 896, 4, 2, 256);
-    wr.causal = true;
-    out.push_back(wr);
+    out.push_back(causal(fa_test::make_case(dt, 10, 640, 640, 5, 5, 128)));
+    out.push_back(causal(fa_test::make_case(dt, 9, 896, 896, 4, 2, 256)));
   }
   return out;
 }

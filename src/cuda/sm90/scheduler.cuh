@@ -1,5 +1,5 @@
-// Persistent tile scheduler: the grid is one CTA per SM (at head_dim 128 and 256 as few as take as many
-// rounds: launch_template.cuh); in round r the CTAs take tiles r * grid ... r * grid + grid - 1, CTA c the c-th
+// Persistent tile scheduler: the grid is one CTA per SM (at head_dim 128 and 256 often fewer, for full or
+// whole rounds: launch_template.cuh); in round r the CTAs take tiles r * grid ... r * grid + grid - 1, CTA c the c-th
 // of them in even rounds and the c-th from the end in odd rounds (a snake draft). With the tiles
 // sorted longest first (causal) this evens out the work per CTA: plain round-robin gives CTA 0 the
 // longest tile of every round when the number of m_blocks is close to the grid size (1.8x the mean
