@@ -80,6 +80,9 @@ __device__ __forceinline__ bool consumer_next_tile(SharedStorage<T>& smem, const
     } else {
       plan = smem.plan[q_pipe.index];
     }
+    // The producer rewrites the plan once the warpgroup's first thread has released the q buffer, after the
+    // epilogue's barrier (Traits::kPublishedTiles). racecheck's build: every other reader arrives too.
+    if (FLASHATTN_SM90_PLAN_RELEASE_EVERY && threadIdx.x % 128 != 0) mbar_arrive(&smem.q_empty[q_pipe.index]);
     return plan.tile.valid;
   } else {
     if (!next_tile<T::kTailSplit>(round, p, plan.tile)) return false;

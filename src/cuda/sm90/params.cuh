@@ -20,6 +20,16 @@
 #define FLASHATTN_SM90_STAGED_EPILOGUE 1
 #endif
 
+// Build switch for compute-sanitizer's racecheck: every consumer thread that reads a published tile plan
+// (Traits::kPublishedTiles) arrives on its q buffer's q_empty, not only the warpgroup's first thread. The kernel's
+// own order (all 128 threads read the plan, then the epilogue's bar.sync, then the first thread's release
+// arrival) is sound by the PTX memory model, but racecheck credits an mbarrier arrival with the arriving thread's
+// own accesses only, so it reports the producer's next plan as a race (dev/sm90/racecheck_probe.cu shows it on a
+// 40-line kernel). 1-1.5% slower at head_dim 128 without a mask, 512-2k keys (docs/sm90.md, step 73).
+#ifndef FLASHATTN_SM90_PLAN_RELEASE_EVERY
+#define FLASHATTN_SM90_PLAN_RELEASE_EVERY 0
+#endif
+
 // Dev switch: q in registers (the A operand of S = q k^T from registers instead of shared memory)
 // where it fits (Traits::kQInRegisters): measured +2-6% at head_dim 128 with block_n 128.
 #ifndef FLASHATTN_SM90_Q_REGS
@@ -345,8 +355,11 @@ struct Traits {
   // schedule themselves: +1.5-3.7% at 512-1k keys, head_dim 64 and 128 (docs/sm90.md, step 52). Where
   // registers are short (3 warpgroups at 160 a thread, the split's kernel, head_dim 256's O) the plan, read
   // after the wait for q, sits in vector registers (a decoded tile in uniform ones): 64-500 bytes spilled,
-  // 3-25% slower. Those decode as before (taking only the plan's key blocks measured even).
-  static constexpr bool kPublishedTiles = kConsumerWarpgroups == 2 && !kTailSplit && kHeadDim <= 128;
+  // 3-25% slower. Those decode as before (taking only the plan's key blocks measured even). With the staged
+  // epilogue only: its bar.sync orders all 128 threads' reads of the plan before the first thread's release of
+  // the q buffer, after which the producer writes the next plan there.
+  static constexpr bool kPublishedTiles =
+      kConsumerWarpgroups == 2 && !kTailSplit && kHeadDim <= 128 && kStagedEpilogue;
   // At head_dim 64 the consumers read the plan by ld.shared (ld_shared_copy), not by the generic loads plain
   // reads of smem.plan compile to: +0.9-1.6% at causal 512-640 keys, even elsewhere; 0.993-0.995x at head_dim
   // 128 512 keys without a mask, so not there (docs/sm90.md, step 69).
