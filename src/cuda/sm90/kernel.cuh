@@ -23,7 +23,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kQStages; ++s) {
       mbar_init(&smem.q_full[s], 1);
-      mbar_init(&smem.q_empty[s], T::kConsumerWarpgroups * (T::kPublishedTiles && FLASHATTN_SM90_PLAN_RELEASE_EVERY ? 128 : 1));
+      // One arrival a consumer warpgroup (racecheck's build: one a thread, consumer_next_tile).
+      const int arrivals = T::kPublishedTiles && FLASHATTN_SM90_PLAN_RELEASE_EVERY ? 128 : 1;
+      mbar_init(&smem.q_empty[s], T::kConsumerWarpgroups * arrivals);
     }
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(&smem.k_full[s], 1);
