@@ -47,6 +47,7 @@ __global__ void probe(int variant, int* out) {
     return;
   }
   int sum = 0;
+  if (variant == 2 && wg == 1) named_barrier_arrive(1, 256);  // the first turn to warpgroup 0
   for (int t = 0; t < kTiles; ++t) {
     const int s = t % 2;
     const uint32_t phase = (t / 2) % 2;
@@ -55,9 +56,9 @@ __global__ void probe(int variant, int* out) {
     sum += p.a + p.b * 3 + p.c * 5 + p.d * 7;
     switch (variant) {
       case 1: named_barrier_sync(3 + wg, 128); break;
-      case 2:  // each warpgroup in turn: wg 0 first
+      case 2:  // each warpgroup in turn, wg 0 first: both take a bar.sync every tile
         if (wg == 0) {
-          if (t > 0) named_barrier_sync(1, 256);
+          named_barrier_sync(1, 256);
           named_barrier_arrive(2, 256);
         } else {
           named_barrier_sync(2, 256);

@@ -25,7 +25,7 @@
 // own order (all 128 threads read the plan, then the epilogue's bar.sync, then the first thread's release
 // arrival) is sound by the PTX memory model, but racecheck credits an mbarrier arrival with the arriving thread's
 // own accesses only, so it reports the producer's next plan as a race (dev/sm90/racecheck_probe.cu shows it on a
-// small kernel). 1-1.5% slower at head_dim 128 without a mask, 512-2k keys (docs/sm90.md, step 73).
+// small kernel). 0.9-1.5% slower at head_dim 128 without a mask, 512-2k keys (docs/sm90.md, step 73).
 #ifndef FLASHATTN_SM90_PLAN_RELEASE_EVERY
 #define FLASHATTN_SM90_PLAN_RELEASE_EVERY 0
 #endif
