@@ -110,6 +110,13 @@ std::vector<Case> sm90_forward_cases() {
     // The same kernel with more tiles than 2 x 132 SMs (320): CTAs reuse a q buffer and its tile plan (read by
     // ld.shared); scripts/gpu_run.sh runs the sanitizers on it.
     out.push_back(causal(fa_test::make_case(dt, 8, 512, 512, 10, 2, 64)));
+    // 1k x 1k on the 3 warpgroups (192-row tiles, the first overhanging row 0 by 128 rows: two of its warpgroups
+    // have no row; the upper warpgroups' rows end a key block before the tile's), and 1300 x 900 (the serial
+    // 3 warpgroups; rows without a key).
+    if (dt == FA_BFLOAT16) {
+      out.push_back(causal(fa_test::make_case(dt, 2, 1024, 1024, 6, 2, 64)));
+      out.push_back(causal(fa_test::make_case(dt, 2, 1300, 900, 4, 2, 64)));
+    }
     Case tv = fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 4, 2, 64), {500, 0, 130, 1}, {480, 20, 300, 64});
     tv.causal = true, tv.softmax_scale = 8.f;
     out.push_back(tv);
