@@ -96,6 +96,11 @@ constexpr int kTraceCtaBase = 8 * 4 * 64 * 16;
 #define FLASHATTN_SM90_OPT_MAX 1
 #endif
 
+// Dev switch: Traits::kUniformWarpgroup where it applies (-1), everywhere (1), nowhere (0).
+#ifndef FLASHATTN_SM90_UNIFORM_WG
+#define FLASHATTN_SM90_UNIFORM_WG -1
+#endif
+
 // Dev switch: Traits::kQAfterKVFrom / kQAfterKVTo in the kernels whose configuration sets one (-1: as it says).
 #ifndef FLASHATTN_SM90_Q_AFTER_KV_FROM
 #define FLASHATTN_SM90_Q_AFTER_KV_FROM -1
@@ -337,6 +342,13 @@ struct Traits {
   // The order of a tile's key blocks (producer and consumers alike, KeyOrder): from the last down, the
   // masked ones first, or ascending where the configuration asks (keys_forward; not in the overlapped stream).
   static constexpr bool kKeysForward = kConfig.keys_forward && !kTileOverlap;
+  // The warpgroup index broadcast from lane 0 (kernel.cuh): ptxas then knows it is the same across a warp, and
+  // keeps what derives from it (a consumer warpgroup's q rows, so the q operand's wgmma descriptors) in uniform
+  // registers instead of vector registers moved over (R2UR) before each wgmma: at head_dim 64 R2UR 31-44 -> 16-21
+  // a kernel, +1.4-2.7% causal at 512-2k keys, even at 16k; at head_dim 128 0.967 at 16k without a mask
+  // (docs/sm90.md, step 74).
+  static constexpr bool kUniformWarpgroup =
+      FLASHATTN_SM90_UNIFORM_WG < 0 ? kHeadDim == 64 : FLASHATTN_SM90_UNIFORM_WG > 0;
   // Elsewhere O goes through a slab of shared memory per consumer warp (its 16 rows, kSlabCols
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
