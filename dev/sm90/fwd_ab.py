@@ -1,7 +1,8 @@
 """Two or more builds of the library side by side on the Hopper forward (flashattn-sm90), bf16, one
 process: each shape timed by every build in turn, ROUNDS times (default 2; every other round in reverse
 order), median of N calls (CUDA events, back to back) each time; CUDNN=1: torch's cuDNN SDPA (no_grad, o
-alone, as the library benchmark times it) as one more column, in the same rounds. usage: python3 dev/sm90/fwd_ab.py
+alone, as the library benchmark times it) as one more column, in the same rounds; BWD=1: the backward (our
+builds only, no cuDNN column). usage: python3 dev/sm90/fwd_ab.py
 NAME=LIB,NAME=LIB [SHAPES]. SHAPES: ';'-separated
 "d,causal,seqlen[,heads[,batch[,window_left[,window_right]]]]" (a window: window_right 0 unless given;
 TFLOP/s then count the scores inside it); default: the
@@ -53,6 +54,11 @@ for shape in shapes:
     ours = {n: gb.Ours(lib, "flashattn-sm90", q, k, v, bool(causal), window_left=wl, window_right=wr)
             for n, lib in libs.items()}
     calls = {n: o.forward for n, o in ours.items()}
+    if os.environ.get("BWD", "0") == "1":  # the backward instead (dq, dk, dv from o, lse and a fixed dout)
+        dout = torch.randn_like(q)
+        for n, o in ours.items():
+            o.prepare_backward(dout)
+            calls[n] = o.backward
     if "cudnn" in names:
         calls["cudnn"] = lambda: gb.torch_fwd(gb.SDPBackend.CUDNN_ATTENTION, q, k, v, bool(causal))
     times = {n: [] for n in names}
@@ -60,7 +66,7 @@ for shape in shapes:
         for n in names if r % 2 == 0 else names[::-1]:
             with torch.no_grad():
                 times[n].append(median_ms(calls[n], n=N, before=flush))
-    fl = gb.flops(b, heads, s, s, d, bool(causal), False)
+    fl = gb.flops(b, heads, s, s, d, bool(causal), os.environ.get("BWD", "0") == "1")
     if wl >= 0 or wr >= 0:  # the keys each row sees: [i - wl, i + wr] (and <= i with causal), within [0, s)
         right = [min(s - 1, i + (0 if causal else wr if wr >= 0 else s)) for i in range(s)]
         fl = 4.0 * b * heads * d * sum(r - max(0, i - wl if wl >= 0 else 0) + 1 for i, r in enumerate(right))

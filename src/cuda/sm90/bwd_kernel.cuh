@@ -24,6 +24,11 @@
 #include "cuda/sm90/primitives.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
+// Dev switch: the warpgroup index broadcast from lane 0 (1) or not (0).
+#ifndef FLASHATTN_SM90_BWD_UNIFORM_WG
+#define FLASHATTN_SM90_BWD_UNIFORM_WG 1
+#endif
+
 namespace flashattn::cuda::sm90 {
 
 template <class T, int kHeadDim>
@@ -111,7 +116,10 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
 
   const BwdTask task = bwd_task(p);  // one grid dimension; the last wave's tasks may run in pieces
   const int n_block = task.n_block, head_kv = task.head_kv, b = task.b;
-  const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128, warp_in_wg = (tid / 32) % 4;
+  // The warpgroup broadcast from lane 0: ptxas then knows it is warp-uniform, and keeps this warpgroup's shared
+  // memory descriptors (k, v, dS) in uniform registers (the forward's Traits::kUniformWarpgroup).
+  const int tid = threadIdx.x, lane = tid % 32, warp_in_wg = (tid / 32) % 4;
+  const int wg = FLASHATTN_SM90_BWD_UNIFORM_WG ? __shfl_sync(0xffffffffu, tid / 128, 0) : tid / 128;
   const int g = lane / 4, t = lane % 4;  // accumulator fragment coordinates (mma.sync's C layout)
   const BwdSeq seq = bwd_sequence(p, b);
   const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
