@@ -1,7 +1,8 @@
 #!/bin/bash
 # Where a kernel spills: the local-memory stores and loads (STL / LDL) in the SASS of the kernels of LIB whose
-# mangled names contain PATTERN, with their line numbers in the function (on the device machine: cuobjdump is
-# not on the build machine). The SASS goes to $OUT/sass.txt.gz.
+# mangled names contain PATTERN, with their line numbers in the function, and its counts of R2UR (vector to
+# uniform register moves, e.g. of wgmma descriptors ptxas could not prove warp-uniform) and HGMMA (on the device
+# machine: cuobjdump is not on the build machine). The SASS goes to $OUT/sass.txt.gz.
 # Usage: bash dev/sm90/sass_spills.sh build-wg/libflashattn.so 'Li64ELi128ELi3E'
 set -u
 lib=$1 pattern=$2
@@ -16,7 +17,8 @@ for func in re.split(r"\n\s*Function : ", text)[1:]:
         continue
     lines = body.split("\n")
     spills = [(i, l.strip()[:100]) for i, l in enumerate(lines) if re.search(r"\b(STL|LDL)\b", l)]
-    print(f"{name}: {len(lines)} lines, {len(spills)} STL/LDL")
+    r2ur, hgmma = (sum(1 for l in lines if re.search(rf"\b{op}\b", l)) for op in ("R2UR", "HGMMA"))
+    print(f"{name}: {len(lines)} lines, {len(spills)} STL/LDL, {r2ur} R2UR, {hgmma} HGMMA")
     for i, l in spills:
         print(f"  {i:6d} {l}")
 PY
