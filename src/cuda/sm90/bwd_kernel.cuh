@@ -116,10 +116,9 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
 
   const BwdTask task = bwd_task(p);  // one grid dimension; the last wave's tasks may run in pieces
   const int n_block = task.n_block, head_kv = task.head_kv, b = task.b;
-  // The warpgroup broadcast from lane 0: ptxas then knows it is warp-uniform, and keeps this warpgroup's shared
-  // memory descriptors (k, v, dS) in uniform registers (the forward's Traits::kUniformWarpgroup).
+  // wg sets this warpgroup's k, v and dS^T descriptors: uniform_warpgroup_index keeps them in uniform registers.
   const int tid = threadIdx.x, lane = tid % 32, warp_in_wg = (tid / 32) % 4;
-  const int wg = FLASHATTN_SM90_BWD_UNIFORM_WG ? __shfl_sync(0xffffffffu, tid / 128, 0) : tid / 128;
+  const int wg = FLASHATTN_SM90_BWD_UNIFORM_WG ? uniform_warpgroup_index() : tid / 128;
   const int g = lane / 4, t = lane % 4;  // accumulator fragment coordinates (mma.sync's C layout)
   const BwdSeq seq = bwd_sequence(p, b);
   const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;

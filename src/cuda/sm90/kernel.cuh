@@ -18,9 +18,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   // TMA's 128-byte swizzle and the wgmma descriptors assume 1024-byte aligned tiles.
   auto& smem = *reinterpret_cast<SharedStorage<T>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  // Traits::kUniformWarpgroup: broadcast from lane 0, so that ptxas knows it is warp-uniform.
-  const int warpgroup =
-      T::kUniformWarpgroup ? __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) : int(threadIdx.x / 128);
+  const int warpgroup = T::kUniformWarpgroup ? uniform_warpgroup_index() : int(threadIdx.x / 128);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kQStages; ++s) {

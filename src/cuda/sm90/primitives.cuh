@@ -8,6 +8,11 @@
 
 namespace flashattn::cuda::sm90 {
 
+// The thread's warpgroup, broadcast from lane 0: ptxas then knows it is the same across the warp, and keeps what
+// derives from it (a warpgroup's shared-memory rows, so its wgmma descriptors) in uniform registers instead of
+// moving them over (R2UR) before each wgmma (docs/sm90.md, step 74).
+__device__ __forceinline__ int uniform_warpgroup_index() { return __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0); }
+
 __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
