@@ -345,7 +345,7 @@ struct Traits {
   // The warpgroup index broadcast from lane 0 (kernel.cuh): ptxas then knows it is the same across a warp, and
   // keeps what derives from it (a consumer warpgroup's q rows, so the q operand's wgmma descriptors) in uniform
   // registers instead of vector registers moved over (R2UR) before each wgmma: at head_dim 64 R2UR 31-44 -> 16-21
-  // a kernel, +1.4-2.7% causal at 512-2k keys, even at 16k; at head_dim 128 0.967 at 16k without a mask
+  // a kernel, +1.0-2.7% causal at 512-2k keys, 0.99-1.00 at 16k; at head_dim 128 0.967 at 16k without a mask
   // (docs/sm90.md, step 74).
   static constexpr bool kUniformWarpgroup =
       FLASHATTN_SM90_UNIFORM_WG < 0 ? kHeadDim == 64 : FLASHATTN_SM90_UNIFORM_WG > 0;
