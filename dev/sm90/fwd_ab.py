@@ -1,8 +1,8 @@
 """Two or more builds of the library side by side on the Hopper forward (flashattn-sm90), bf16, one
 process: each shape timed by every build in turn, ROUNDS times (default 2; every other round in reverse
 order), median of N calls (CUDA events, back to back) each time; CUDNN=1: torch's cuDNN SDPA (no_grad, o
-alone, as the library benchmark times it) as one more column, in the same rounds; BWD=1: the backward (our
-builds only, no cuDNN column). usage: python3 dev/sm90/fwd_ab.py
+alone, as the library benchmark times it) as one more column, in the same rounds; BWD=1: the backward (with
+CUDNN=1 cuDNN's through autograd, as the library benchmark times it). usage: python3 dev/sm90/fwd_ab.py
 NAME=LIB,NAME=LIB [SHAPES]. SHAPES: ';'-separated
 "d,causal,seqlen[,heads[,batch[,window_left[,window_right]]]]" (a window: window_right 0 unless given;
 TFLOP/s then count the scores inside it); default: the
@@ -59,12 +59,21 @@ for shape in shapes:
         for n, o in ours.items():
             o.prepare_backward(dout)
             calls[n] = o.backward
-    if "cudnn" in names:
+    if "cudnn" in names and os.environ.get("BWD", "0") == "1":  # cuDNN's backward through autograd, as gpu_bench
+        qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        out = gb.torch_fwd(gb.SDPBackend.CUDNN_ATTENTION, qq, kk, vv, bool(causal))
+
+        def cudnn_bwd(out=out, dout=dout, leaves=(qq, kk, vv)):
+            for x in leaves:
+                x.grad = None
+            out.backward(dout, retain_graph=True)
+        calls["cudnn"] = cudnn_bwd
+    elif "cudnn" in names:
         calls["cudnn"] = lambda: gb.torch_fwd(gb.SDPBackend.CUDNN_ATTENTION, q, k, v, bool(causal))
     times = {n: [] for n in names}
     for r in range(ROUNDS):
         for n in names if r % 2 == 0 else names[::-1]:
-            with torch.no_grad():
+            with torch.no_grad() if n != "cudnn" or os.environ.get("BWD", "0") != "1" else torch.enable_grad():
                 times[n].append(median_ms(calls[n], n=N, before=flush))
     fl = gb.flops(b, heads, s, s, d, bool(causal), os.environ.get("BWD", "0") == "1")
     if wl >= 0 or wr >= 0:  # the keys each row sees: [i - wl, i + wr] (and <= i with causal), within [0, s)
@@ -75,5 +84,5 @@ for shape in shapes:
     window = f" w{wl},{wr}" if wl >= 0 or wr >= 0 else ""
     print(f"{d:3d} {causal} {s:6d} {heads:4d} {b:4d}{window} | " + " ".join(f"{tf[n]:8.1f}" for n in names) +
           " | " + " ".join(f"{ratio[n]:.3f}" for n in names[1:]), flush=True)
-    del q, k, v, ours
+    del q, k, v, ours, calls
     torch.cuda.empty_cache()

@@ -3,8 +3,9 @@
 // (sm80/bwd_kernel_2d.cuh), with every product a warpgroup MMA instead of mma.sync + ldmatrix.
 //
 // One CTA per (k-block of 128 keys, kv head, batch); two warpgroups, warpgroup w owns keys
-// 64 w .. 64 w + 63 of the block. Per q-block i (Q_i, dO_i, lse_i, D_i double-buffered by cp.async
-// into the 128-byte-swizzled SmemTile layout, which is wgmma's canonical K-major layout):
+// 64 w .. 64 w + 63 of the block. Per q-block i (Q_i, dO_i double-buffered by TMA, one thread issuing,
+// or by cp.async where TMA cannot read them; lse_i, D_i by cp.async; all into the 128-byte-swizzled
+// SmemTile layout, which is wgmma's canonical K-major layout):
 //   S^T  = K_w Q_i^T     (64 x block_m)   A = K_w, B = Q_i       both K-major in shared memory
 //   dP^T = V_w dO_i^T    (64 x block_m)   A = V_w, B = dO_i
 //   P^T, dS^T in registers (sm80::probs_and_grads on the accumulator layout, which is mma.sync's)
@@ -22,6 +23,7 @@
 
 #include "cuda/sm80/bwd_kernel_2d.cuh"
 #include "cuda/sm90/primitives.cuh"
+#include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/wgmma.cuh"
 
 // Dev switch: the warpgroup index broadcast from lane 0 (1) or not (0).
@@ -50,11 +52,21 @@ struct BwdTraits {
   // lanes 0 of warps 0 and 1, 8 each (bulk_reduce_dq_two_warps below; +2-4% at head_dim 64 over a lane each).
   static constexpr int kDqBulkOps = 16, kDqStages = sm80::sm90_bwd_config(kHeadDim).dq_stages;
   static constexpr int kDqTileFloats = kBlockM * kHeadDim;
+  // Then the two Q_i, dO_i buffers' mbarriers (TMA loads).
   static constexpr int kSmemBytes = 2 * TileKV::kBytes + 4 * TileQ::kBytes + TileDs::kBytes + 4 * kBlockM * 4 +
-                                    kDqStages * kDqTileFloats * 4;
+                                    kDqStages * kDqTileFloats * 4 + 2 * 8;
   static_assert(kSmemBytes <= 227 * 1024, "the H100's shared memory");
   static_assert(TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDs::kBytes % 1024 == 0,
                 "every tile starts on a 1024-byte swizzle atom");
+};
+
+// Q and dO as 4D tensor maps (head_dim, rows, heads, batch; boxes of 64 columns x block_m rows, 128-byte
+// swizzle; columns past head_dim and rows past the tensor zero-filled), or tma 0 where TMA cannot read them
+// (BwdParams::vectorized false): then every thread loads them by cp.async. One thread issuing the TMA loads
+// of a q-block instead of 256 threads' cp.async: +10-15% at head_dim 64, +3-4.5% at 128 (docs/sm90_bwd.md).
+struct BwdMaps {
+  CUtensorMap q, dout;
+  int tma;
 };
 
 // x through an opaque move: the descriptors built from it inside the q-block loop are not hoisted
@@ -93,7 +105,7 @@ __device__ __forceinline__ void bulk_reduce_dq_two_warps(float* dq, uint32_t sme
 }
 
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams p) {
+__global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams p, const __grid_constant__ BwdMaps maps) {
   using namespace sm80;
   using Tr = BwdTraits<T, kHeadDim>;
   using TileKV = typename Tr::TileKV;
@@ -113,6 +125,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   float* sLse = reinterpret_cast<float*>(sDs + TileDs::kElements);  // [2][block_m]
   float* sD = sLse + 2 * kBlockM;                                   // [2][block_m]
   float* sDq = sD + 2 * kBlockM;                                    // [kDqStages][block_m][head_dim]
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(sDq + Tr::kDqStages * Tr::kDqTileFloats);  // [2]: Q_i, dO_i landed
 
   const BwdTask task = bwd_task(p);  // one grid dimension; the last wave's tasks may run in pieces
   const int n_block = task.n_block, head_kv = task.head_kv, b = task.b;
@@ -136,9 +149,29 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   task.iterations(task_iters, it_begin, num_iters);
   load_kv_block<T, kBlockN, kHeadDim, kThreads>(sK, sV, p, seq, n0, head_kv);
 
+  const bool tma = maps.tma != 0;
+  if (tma && tid == 0) {
+    mbar_init(&q_full[0], 1);
+    mbar_init(&q_full[1], 1);
+    mbar_fence_init();
+  }
   const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
   auto load_q_block = [&](int h, int m_block, int buf) {
     const int m0 = m_block * kBlockM;
+    if (tma) {  // panels of 64 columns; rows from the sequence's first (varlen: packed rows, batch 0)
+      if (tid == 0) {
+        uint64_t* bar = &q_full[buf];
+        mbar_arrive_expect_tx(bar, 2 * TileQ::kBytes);
+        const int row = int(seq.q_start) + m0, batch = int(seq.batch_q);
+#pragma unroll
+        for (int c = 0; c < kHeadDim / 64; ++c) {
+          tma_load_4d(&maps.q, bar, sQ + buf * TileQ::kElements + c * kBlockM * 64, 64 * c, row, h, batch);
+          tma_load_4d(&maps.dout, bar, sDo + buf * TileQ::kElements + c * kBlockM * 64, 64 * c, row, h, batch);
+        }
+      }
+      load_lse_d<kBlockM>(sLse + buf * kBlockM, sD + buf * kBlockM, p, seq, h, m0);
+      return;
+    }
     const T* q_tile = static_cast<const T*>(p.q) +
                       bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, h);
     const T* do_tile = static_cast<const T*>(p.dout) +
@@ -181,9 +214,9 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
 
   for (int it = 0; it < num_iters; ++it) {
     const int buf = it & 1;
-    cp_async_wait<0>();
-    fence_proxy_async_shared();  // the tile's generic-proxy writes, before the tensor cores read them
-    __syncthreads();  // tile `it` landed; every warpgroup is done with iteration it - 1
+    cp_async_wait<0>();  // lse_i, D_i (and without TMA Q_i, dO_i; K, V at it 0)
+    if (!tma || it == 0) fence_proxy_async_shared();  // generic-proxy writes, before the tensor cores read them
+    __syncthreads();  // lse_i, D_i landed; every warpgroup is done with iteration it - 1
     issue_pending_dq();
     const bool next_head = m_block + 1 == i_end;
     const int h_next = next_head ? h + 1 : h, m_next = next_head ? i_begin : m_block + 1;
@@ -194,7 +227,8 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     const uint32_t q_buf = opaque(q_addr + buf * TileQ::kBytes), do_buf = opaque(do_addr + buf * TileQ::kBytes);
     const uint32_t k_it = opaque(k_addr), v_it = opaque(v_addr);
 
-    // S^T = K_w Q_i^T and dP^T = V_w dO_i^T.
+    // S^T = K_w Q_i^T and dP^T = V_w dO_i^T, once Q_i and dO_i landed (the buffer's (it / 2)-th load).
+    if (tma) mbar_wait(&q_full[buf], (it >> 1) & 1);
     const SmemDesc desc_k = kmajor_desc(k_it), desc_q = kmajor_desc(q_buf);
     const SmemDesc desc_v = kmajor_desc(v_it), desc_do = kmajor_desc(do_buf);
     float s[kBlockM / 2], dp[kBlockM / 2];
