@@ -150,10 +150,13 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   load_kv_block<T, kBlockN, kHeadDim, kThreads>(sK, sV, p, seq, n0, head_kv);
 
   const bool tma = maps.tma != 0;
-  if (tma && tid == 0) {
-    mbar_init(&q_full[0], 1);
-    mbar_init(&q_full[1], 1);
-    mbar_fence_init();
+  if (tma) {
+    if (tid == 0) {
+      mbar_init(&q_full[0], 1);
+      mbar_init(&q_full[1], 1);
+      mbar_fence_init();
+    }
+    __syncthreads();  // the barriers initialized before any thread's use (racecheck: else a warning each)
   }
   const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
   auto load_q_block = [&](int h, int m_block, int buf) {
