@@ -1,4 +1,5 @@
-// Declarations shared by the Hopper forward's dispatcher (launch.cu) and its instantiations.
+// Declarations shared by the Hopper forward's dispatcher (launch.cu), its instantiations and the Hopper
+// backward (bwd_run.cuh: the Q, dO tensor maps).
 #pragma once
 
 #include <cuda.h>
