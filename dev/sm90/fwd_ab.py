@@ -36,6 +36,7 @@ if os.environ.get("FLUSH", "0") == "1":
     _l2 = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     flush = _l2.zero_
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
+BWD = os.environ.get("BWD", "0") == "1"
 
 names = list(libs)
 if os.environ.get("CUDNN", "0") == "1":
@@ -54,12 +55,12 @@ for shape in shapes:
     ours = {n: gb.Ours(lib, "flashattn-sm90", q, k, v, bool(causal), window_left=wl, window_right=wr)
             for n, lib in libs.items()}
     calls = {n: o.forward for n, o in ours.items()}
-    if os.environ.get("BWD", "0") == "1":  # the backward instead (dq, dk, dv from o, lse and a fixed dout)
+    if BWD:  # the backward instead (dq, dk, dv from o, lse and a fixed dout)
         dout = torch.randn_like(q)
         for n, o in ours.items():
             o.prepare_backward(dout)
             calls[n] = o.backward
-    if "cudnn" in names and os.environ.get("BWD", "0") == "1":  # cuDNN's backward through autograd, as gpu_bench
+    if "cudnn" in names and BWD:  # cuDNN's backward through autograd, as gpu_bench
         qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
         out = gb.torch_fwd(gb.SDPBackend.CUDNN_ATTENTION, qq, kk, vv, bool(causal))
 
@@ -73,9 +74,9 @@ for shape in shapes:
     times = {n: [] for n in names}
     for r in range(ROUNDS):
         for n in names if r % 2 == 0 else names[::-1]:
-            with torch.no_grad() if n != "cudnn" or os.environ.get("BWD", "0") != "1" else torch.enable_grad():
+            with torch.enable_grad() if BWD and n == "cudnn" else torch.no_grad():
                 times[n].append(median_ms(calls[n], n=N, before=flush))
-    fl = gb.flops(b, heads, s, s, d, bool(causal), os.environ.get("BWD", "0") == "1")
+    fl = gb.flops(b, heads, s, s, d, bool(causal), BWD)
     if wl >= 0 or wr >= 0:  # the keys each row sees: [i - wl, i + wr] (and <= i with causal), within [0, s)
         right = [min(s - 1, i + (0 if causal else wr if wr >= 0 else s)) for i in range(s)]
         fl = 4.0 * b * heads * d * sum(r - max(0, i - wl if wl >= 0 else 0) + 1 for i, r in enumerate(right))

@@ -63,7 +63,7 @@ struct BwdTraits {
 // Q and dO as 4D tensor maps (head_dim, rows, heads, batch; boxes of 64 columns x block_m rows, 128-byte
 // swizzle; columns past head_dim and rows past the tensor zero-filled), or tma 0 where TMA cannot read them
 // (BwdParams::vectorized false): then every thread loads them by cp.async. One thread issuing the TMA loads
-// of a q-block instead of 256 threads' cp.async: +10-15% at head_dim 64, +3-4.5% at 128 (docs/sm90_bwd.md).
+// of a q-block instead of 256 threads' cp.async: +7-15% at head_dim 64, +2-5% at 128 (docs/sm90_bwd.md).
 struct BwdMaps {
   CUtensorMap q, dout;
   int tma;
