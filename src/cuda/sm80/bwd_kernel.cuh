@@ -174,7 +174,12 @@ inline Status bwd_task_ctas(const BwdParams& bp, const char* impl, unsigned* cta
 // coalesced), and only the piece that finishes last writes, with the sums in dk, dv. The CTA index is read
 // again here (volatile): the slot kept from the prologue stayed live through the main loop, and ptxas
 // spilled (the Hopper kernel at head_dim 128: 28 bytes).
-template <int kThreads, int kN>
+// The CTA's barriers (Sync: the barriers of the threads holding dK, dV; the Hopper kernel's consumers).
+struct CtaSync {
+  static __device__ __forceinline__ void sync() { __syncthreads(); }
+  static __device__ __forceinline__ bool sync_or(bool pred) { return __syncthreads_or(pred); }
+};
+template <int kThreads, int kN, class Sync = CtaSync>
 __device__ __forceinline__ bool tail_sum(const BwdParams& p, float (&dk)[kN], float (&dv)[kN], int tid) {
   static_assert(kN % 2 == 0);
   int cta;
@@ -189,8 +194,8 @@ __device__ __forceinline__ bool tail_sum(const BwdParams& p, float (&dk)[kN], fl
     atomic_add2(reinterpret_cast<float*>(at + (kN / 2 + e) * kThreads), dv[2 * e], dv[2 * e + 1]);
   }
   __threadfence();
-  __syncthreads();
-  if (!__syncthreads_or(tid == 0 && atomicAdd(p.tail_done + slot, 1) == p.tail_pieces - 1)) return false;
+  Sync::sync();
+  if (!Sync::sync_or(tid == 0 && atomicAdd(p.tail_done + slot, 1) == p.tail_pieces - 1)) return false;
   __threadfence();
 #pragma unroll
   for (int e = 0; e < kN / 2; ++e) {
@@ -206,33 +211,39 @@ __device__ __forceinline__ int64_t bwd_offset(const BwdSeq& s, int64_t start, in
   return s.batch_q * batch_stride + (start + row) * row_stride + int64_t(head) * head_stride;
 }
 
-// A [kRows][kCols] tile of rows [0, rows_valid) x columns [0, cols_valid) of a strided tensor into a
-// swizzled shared tile; the rest is zero-filled. Vectorized: 16-byte cp.async; else element loads.
+// 16-byte unit u of a [kRows][kCols] tile of rows [0, rows_valid) x columns [0, cols_valid) of a strided
+// tensor into a swizzled shared tile, zero-filled outside them. Vectorized: cp.async; else element loads.
+template <class T, int kRows, int kCols>
+__device__ __forceinline__ void load_tile_unit(T* smem, const T* gmem, int64_t row_stride, int rows_valid,
+                                               int cols_valid, bool vectorized, int u) {
+  using Tile = SmemTile<kRows, kCols>;
+  constexpr int kUnitsPerRow = kCols / 8;
+  const int r = u / kUnitsPerRow, c = (u % kUnitsPerRow) * 8;
+  T* dst = smem + Tile::offset(r, c);
+  const bool row_ok = r < rows_valid;
+  if (vectorized) {
+    const bool valid = row_ok && c < cols_valid;
+    cp_async_16(dst, valid ? gmem + r * row_stride + c : gmem, valid);
+  } else {
+    T vals[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      vals[e] = (row_ok && c + e < cols_valid) ? gmem[r * row_stride + c + e] : from_float<T>(0.f);
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
+  }
+}
+
+// The whole tile, by the CTA's first kThreads threads (load_tile_unit's units in turn).
 // Not the forward's load_tile (one offset per thread, compile-time unit steps): in its place the
 // layout-0 kernels spilled more (sm_90: head_dim 192 8 -> 176 bytes, 96 28 -> 52, 256 16 -> 64).
 template <class T, int kRows, int kCols, int kThreads>
 __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_valid, int cols_valid,
                                           bool vectorized) {
-  using Tile = SmemTile<kRows, kCols>;
-  constexpr int kUnitsPerRow = kCols / 8;
-  constexpr int kUnits = kRows * kUnitsPerRow;
+  constexpr int kUnits = kRows * kCols / 8;
   static_assert(kUnits % kThreads == 0, "every thread loads the same number of 16-byte units");
 #pragma unroll
-  for (int u = threadIdx.x; u < kUnits; u += kThreads) {
-    const int r = u / kUnitsPerRow, c = (u % kUnitsPerRow) * 8;
-    T* dst = smem + Tile::offset(r, c);
-    const bool row_ok = r < rows_valid;
-    if (vectorized) {
-      const bool valid = row_ok && c < cols_valid;
-      cp_async_16(dst, valid ? gmem + r * row_stride + c : gmem, valid);
-    } else {
-      T vals[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        vals[e] = (row_ok && c + e < cols_valid) ? gmem[r * row_stride + c + e] : from_float<T>(0.f);
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
-    }
-  }
+  for (int u = threadIdx.x; u < kUnits; u += kThreads)
+    load_tile_unit<T, kRows, kCols>(smem, gmem, row_stride, rows_valid, cols_valid, vectorized, u);
 }
 
 // ---------------------------------------------------------------------------------------------

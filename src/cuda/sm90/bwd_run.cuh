@@ -11,7 +11,7 @@ Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semap
   using Tr = BwdTraits<T, kHeadDim>;
   FA_RETURN_IF_ERROR((sm80::launch_bwd_preprocess<T, kHeadDim>(bp, stream, num_semaphores)));
   if (bp.seqlen_k > 0) {
-    constexpr auto kernel = &bwd_main_kernel<T, kHeadDim>;
+    constexpr auto kernel = bwd_kernel<T, kHeadDim>();
     FA_RETURN_IF_ERROR(opt_in_shared_memory<kernel>(Tr::kSmemBytes, "flashattn-sm90", "backward", kHeadDim));
     // One grid dimension of tasks (k-block, kv head, batch), the split ones as tail_pieces CTAs each.
     unsigned ctas = 0;
