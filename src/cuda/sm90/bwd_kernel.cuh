@@ -494,6 +494,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     }
     cur = next;
   }
+  cp_async_wait<0>();  // nothing in flight at exit (a k-block that no q-block sees still loads K, V)
   if (bulk_dq) {
     __syncthreads();  // the last q-block's sDq is complete
     issue_pending_dq();
