@@ -106,6 +106,20 @@ struct BwdSmem {
   static_assert(kBar + Tr::kBarriers * 8 == Tr::kSmemBytes, "the layout of kSmemBytes");
 };
 
+// A consumer warpgroup's shared-memory addresses: its keys of K, V (k, v), Q, dO buffer 0, and the dS^T and K
+// panels its dQ product starts in (rows dq_m0.., columns dq_d0..).
+template <class T, class Tr>
+struct WarpgroupAddrs {
+  uint32_t k, v, q, dout, ds, k_dq;
+  __device__ __forceinline__ WarpgroupAddrs(const BwdSmem<T, Tr>& sm, int wg, int dq_m0, int dq_d0)
+      : k(smem_addr(sm.k()) + 64 * wg * 128),
+        v(k + Tr::TileKV::kBytes),
+        q(smem_addr(sm.q(0))),
+        dout(smem_addr(sm.dout(0))),
+        ds(smem_addr(sm.ds(0)) + (dq_m0 / 64) * Tr::kDsPanel),
+        k_dq(smem_addr(sm.k()) + (dq_d0 / 64) * Tr::kKVPanel) {}
+};
+
 // x through an opaque move: the descriptors built from it inside the q-block loop are not hoisted
 // out of the loop (several dozen loop-invariant 64-bit descriptors would crowd out the accumulators).
 __device__ __forceinline__ uint32_t opaque(uint32_t x) {
@@ -431,11 +445,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   // This thread's rows: keys key_row (+ 8) of S^T, dP^T, dK, dV; dQ rows dq_row (+ 8) from column dq_d0.
   const int key_row = 64 * wg + 16 * warp_in_wg + g;
   const int dq_m0 = 64 * (wg % Tr::kDqWgM), dq_d0 = Tr::kDqN * (wg / Tr::kDqWgM);
-  const uint32_t k_addr = smem_addr(sm.k()) + 64 * wg * 128, v_addr = k_addr + Tr::TileKV::kBytes;  // this warpgroup's keys
-  const uint32_t q_addr = smem_addr(sm.q(0)), do_addr = smem_addr(sm.dout(0));
-  const uint32_t ds_addr = smem_addr(sm.ds(0)) + (dq_m0 / 64) * Tr::kDsPanel;
-  const uint32_t k_dq_addr = smem_addr(sm.k()) + (dq_d0 / 64) * Tr::kKVPanel;
-
+  const WarpgroupAddrs<T, Tr> a(sm, wg, dq_m0, dq_d0);
   float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
 #pragma unroll
   for (int e = 0; e < kHeadDim / 2; ++e) acc_dk[e] = acc_dv[e] = 0.f;
@@ -460,12 +470,12 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     cp_async_commit();
 
     const int m0 = cur.m_block * kBlockM;
-    const uint32_t q_buf = opaque(q_addr + buf * TileQ::kBytes), do_buf = opaque(do_addr + buf * TileQ::kBytes);
+    const uint32_t q_buf = opaque(a.q + buf * TileQ::kBytes), do_buf = opaque(a.dout + buf * TileQ::kBytes);
 
     // S^T, dP^T once Q_i and dO_i landed (the buffer's (it / 2)-th load).
     if (tma) mbar_wait(&q_full[buf], (it >> 1) & 1);
     float s[kBlockM / 2], dp[kBlockM / 2];
-    issue_s_dp<Tr>(s, dp, opaque(k_addr), opaque(v_addr), q_buf, do_buf);
+    issue_s_dp<Tr>(s, dp, opaque(a.k), opaque(a.v), q_buf, do_buf);
     // Boundary blocks: visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (block coordinates).
     const BlockBand bb = block_band<kBlockM>(w.mask, seqlen_q, seq.seqlen_k, n0, w.n1, m0);
     const BandMask band{key_row, 2 * t, bb.lo, bb.hi, seq.seqlen_k - n0, seqlen_q - m0};
@@ -478,7 +488,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     __syncthreads();  // dS^T complete; sDq free
 
     float acc_dq[Tr::kDqN / 2];
-    dq_product<Tr>(acc_dq, opaque(ds_addr), opaque(k_dq_addr), acc_dv, acc_dk, a_p, a_ds);
+    dq_product<Tr>(acc_dq, opaque(a.ds), opaque(a.k_dq), acc_dv, acc_dk, a_p, a_ds);
     const int dq_row = dq_m0 + 16 * warp_in_wg + g;
     const int64_t ws0 = int64_t(cur.h) * p.rows_q + seq.ws_row + m0;  // the q-block's first accumulator row
     const int swz = sm80::dq_fragment_swizzle(ws0);                   // rows dq_row and dq_row + 8
@@ -627,11 +637,7 @@ __global__ void __launch_bounds__(384, 1) bwd_ws_kernel(const sm80::BwdParams p,
   // This thread's rows: keys key_row (+ 8) of S^T, dP^T, dK, dV; dQ rows dq_row (+ 8) from column dq_d0.
   const int key_row = 64 * wg + 16 * warp_in_wg + g;
   const int dq_m0 = 64 * (wg % Tr::kDqWgM), dq_d0 = Tr::kDqN * (wg / Tr::kDqWgM);
-  const uint32_t k_addr = smem_addr(sm.k()) + 64 * wg * 128, v_addr = k_addr + Tr::TileKV::kBytes;  // this warpgroup's keys
-  const uint32_t q_addr = smem_addr(sm.q(0)), do_addr = smem_addr(sm.dout(0));
-  const uint32_t ds_addr = smem_addr(sm.ds(0)) + (dq_m0 / 64) * Tr::kDsPanel;
-  const uint32_t k_dq_addr = smem_addr(sm.k()) + (dq_d0 / 64) * Tr::kKVPanel;
-
+  const WarpgroupAddrs<T, Tr> a(sm, wg, dq_m0, dq_d0);
   float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
 #pragma unroll
   for (int e = 0; e < kHeadDim / 2; ++e) acc_dk[e] = acc_dv[e] = 0.f;
@@ -639,8 +645,8 @@ __global__ void __launch_bounds__(384, 1) bwd_ws_kernel(const sm80::BwdParams p,
   QBlockCursor cur = w.first;
   for (int it = 0; it < num_iters; ++it) {
     const int buf = it & 1, m0 = cur.m_block * kBlockM;
-    const uint32_t q_buf = opaque(q_addr + buf * TileQ::kBytes), do_buf = opaque(do_addr + buf * TileQ::kBytes);
-    const uint32_t k_it = opaque(k_addr), v_it = opaque(v_addr);
+    const uint32_t q_buf = opaque(a.q + buf * TileQ::kBytes), do_buf = opaque(a.dout + buf * TileQ::kBytes);
+    const uint32_t k_it = opaque(a.k), v_it = opaque(a.v);
 
     // S^T, dP^T once the q-block landed (the buffer's (it / 2)-th load).
     mbar_wait(&q_full[buf], (it >> 1) & 1);
@@ -656,7 +662,7 @@ __global__ void __launch_bounds__(384, 1) bwd_ws_kernel(const sm80::BwdParams p,
     ConsumerSync::sync();  // dS^T complete (both warpgroups' keys)
 
     float acc_dq[Tr::kDqN / 2];
-    dq_product<Tr>(acc_dq, opaque(ds_addr + buf * Tr::TileDs::kBytes), opaque(k_dq_addr), acc_dv, acc_dk, a_p, a_ds);
+    dq_product<Tr>(acc_dq, opaque(a.ds + buf * Tr::TileDs::kBytes), opaque(a.k_dq), acc_dv, acc_dk, a_p, a_ds);
     mbar_arrive(&q_empty[buf]);  // this thread is done with Q_i, dO_i (its warpgroup's products) and lse_i, D_i
 
     const int dq_row = dq_m0 + 16 * warp_in_wg + g;
