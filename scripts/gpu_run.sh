@@ -3,7 +3,7 @@
 # subset, the Python binding's tests on CUDA tensors, and the side-by-side benchmark. Logs and
 # JSON go to $OUT (the device tool brings that folder back); a short summary is printed last.
 #
-#   STAGES=build,test,sanitize,python,bench  (default: all)   QUICK=1: the benchmark's short sweep
+#   STAGES=build,test,sanitize,python,bench  (default: all; gpu-test: the GPU cases only)   QUICK=1: the benchmark's short sweep
 #   HEAD_DIMS="64;128"                         prune the CUDA instantiations for a faster build
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +50,8 @@ if has build; then
 fi
 if has test; then
   run_stage cpu-tests ctest --test-dir build -j 16 -E cuda_tests --output-on-failure || true
+fi
+if has test || has gpu-test; then
   run_stage cuda-tests cuda_tests || true
 fi
 # compute-sanitizer's three tools on two sets of GPU cases, every tool run even after one reports (each case's

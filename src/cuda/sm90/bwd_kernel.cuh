@@ -21,7 +21,8 @@
 //   bwd_main_kernel: the two warpgroups also load the next q-block and issue the last one's dQ
 //     reductions, with a CTA barrier at the loop's top;
 //   bwd_ws_kernel: a third, producer warpgroup does both, handing buffers over by mbarriers; the
-//     consumers meet only at the barrier before dQ, and dS^T is double-buffered.
+//     consumers meet only at the barrier before dQ, dS^T is double-buffered, and warpgroup 1 issues its
+//     S^T, dP^T after warpgroup 0 (IssueOrder), so that one's softmax gradient runs under the other's products.
 #pragma once
 
 #include <type_traits>
@@ -34,6 +35,10 @@
 // Dev switch: the warpgroup index broadcast from lane 0 (1) or not (0).
 #ifndef FLASHATTN_SM90_BWD_UNIFORM_WG
 #define FLASHATTN_SM90_BWD_UNIFORM_WG 1
+#endif
+// Dev switch (producer kernel): warpgroup 1 issues S^T, dP^T after warpgroup 0 has (1), or both at once (0).
+#ifndef FLASHATTN_SM90_BWD_PINGPONG
+#define FLASHATTN_SM90_BWD_PINGPONG 1
 #endif
 
 namespace flashattn::cuda::sm90 {
@@ -158,6 +163,21 @@ __device__ __forceinline__ void bulk_reduce_dq_two_warps(float* dq, uint32_t sme
 struct ConsumerSync {
   static __device__ __forceinline__ void sync() { named_barrier_sync(1, 256); }
   static __device__ __forceinline__ bool sync_or(bool pred) { return named_barrier_or(1, 256, pred); }
+};
+
+// The producer kernel's consumers issue S^T, dP^T in warpgroup order (named barrier 2): the tensor cores take
+// the products in issue order, so warpgroup 0's finish first and its softmax gradient runs under warpgroup 1's
+// products, warpgroup 1's under warpgroup 0's dV, dK (+1-2% at head_dim 128; at 64, in the two-warpgroup
+// kernel, 9-12% slower: docs/sm90_bwd.md). key_row (64 wg + ...) is live through the loop where wg is not
+// (testing wg spilled 100 bytes).
+struct IssueOrder {
+  static constexpr int kBarrier = 2;
+  static __device__ __forceinline__ void before(int key_row) {
+    if (FLASHATTN_SM90_BWD_PINGPONG && key_row >= 64) named_barrier_sync(kBarrier, 256);
+  }
+  static __device__ __forceinline__ void after(int key_row) {
+    if (FLASHATTN_SM90_BWD_PINGPONG && key_row < 64) named_barrier_arrive(kBarrier, 256);
+  }
 };
 
 // The q-block of iteration it, stepped one iteration at a time: query head h (of the kv head's group), q-block
@@ -651,7 +671,9 @@ __global__ void __launch_bounds__(384, 1) bwd_ws_kernel(const sm80::BwdParams p,
     // S^T, dP^T once the q-block landed (the buffer's (it / 2)-th load).
     mbar_wait(&q_full[buf], (it >> 1) & 1);
     float s[kBlockM / 2], dp[kBlockM / 2];
+    IssueOrder::before(key_row);
     issue_s_dp<Tr>(s, dp, k_it, v_it, q_buf, do_buf);
+    IssueOrder::after(key_row);
     const BlockBand bb = block_band<kBlockM>(w.mask, seqlen_q, seq.seqlen_k, n0, w.n1, m0);
     const BandMask band{key_row, 2 * t, bb.lo, bb.hi, seq.seqlen_k - n0, seqlen_q - m0};
     uint32_t a_p[kBlockM / 16][4], a_ds[kBlockM / 16][4];
