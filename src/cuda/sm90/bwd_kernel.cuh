@@ -167,9 +167,10 @@ struct ConsumerSync {
 
 // The producer kernel's consumers issue S^T, dP^T in warpgroup order (named barrier 2): the tensor cores take
 // the products in issue order, so warpgroup 0's finish first and its softmax gradient runs under warpgroup 1's
-// products, warpgroup 1's under warpgroup 0's dV, dK (+1-2% at head_dim 128; at 64, in the two-warpgroup
+// products, warpgroup 1's under warpgroup 0's dV, dK (about +1% at head_dim 128; at 64, in the two-warpgroup
 // kernel, 9-12% slower: docs/sm90_bwd.md). key_row (64 wg + ...) is live through the loop where wg is not
-// (testing wg spilled 100 bytes).
+// (testing wg spilled 100 bytes). Warpgroup 0's arrivals never run ahead of warpgroup 1's waits: the mid
+// barrier (ConsumerSync) of each iteration follows both.
 struct IssueOrder {
   static constexpr int kBarrier = 2;
   static __device__ __forceinline__ void before(int key_row) {
