@@ -3,7 +3,9 @@
 # the Hopper forward in one device run (HEAD_DIMS, default 128): for exploring, before tail_ab.sh
 # checks the winner. VARIANTS: ';'-separated "name=-DFLASHATTN_SM90_X=v -D..." (the flags go to nvcc);
 # the control: the sources in CTRL_SRC (e.g. `git archive HEAD src include tools CMakeLists.txt` unpacked
-# into the untracked .ctrl/, carried; ctrl2: the same library again). SHAPES, N, ROUNDS: dev/sm90/fwd_ab.py's.
+# into the untracked .ctrl/, carried; ctrl2: the same library again; `git rev-parse --short HEAD > .ctrl/REV` records
+# which commit it is, printed first: a control left from before a commit is easy to miss). SHAPES, N, ROUNDS:
+# dev/sm90/fwd_ab.py's.
 # TESTS: a gtest filter of the GPU tests, built and run for the variants named in TESTED (default: the first;
 # name only the head dims built, e.g. 'Standard/Sm90Forward.*_d128_*': the others fail; the 184 head_dim 64
 # and 128 sm90 forward cases take ~200 s on an H100, their fp64 references on the CPU most of it; TEST_TIMEOUT, default 300 s);
@@ -18,6 +20,7 @@ SHAPES=${SHAPES:-"128,0,8192,16,2;128,0,16384,16,1;128,0,8192,12,2;128,0,4096,16
 VARIANTS=${VARIANTS:-"new="}
 t0=$SECONDS
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/device.txt"
+echo "ctrl: $CTRL_SRC at $(cat "$CTRL_SRC/REV" 2>/dev/null || echo 'an unrecorded commit')" | tee -a "$OUT/device.txt"
 build() {  # name source flags [tests]
   local tests=${4:-OFF} target=flashattn
   [ "$tests" = ON ] && target=flashattn_cuda_tests
