@@ -205,6 +205,12 @@ __device__ __forceinline__ bool tail_sum(const BwdParams& p, float (&dk)[kN], fl
   return true;
 }
 
+// Index of query head h's first lse entry of sequence s: lse is (batch, num_heads, seqlen_q), or with
+// varlen (num_heads, total_q).
+__device__ __forceinline__ int64_t lse_row0(const BwdParams& p, const BwdSeq& s, int h) {
+  return p.cu_seqlens_q ? int64_t(h) * p.rows_q + s.q_start : (s.batch_q * p.num_heads + h) * p.seqlen_q;
+}
+
 // Element offset of (row, head) of a tensor in sequence s (q side rows start at q_start).
 __device__ __forceinline__ int64_t bwd_offset(const BwdSeq& s, int64_t start, int64_t batch_stride, int64_t row_stride,
                                               int64_t head_stride, int64_t row, int head) {
@@ -290,8 +296,7 @@ template <int kBlockM>
 __device__ __forceinline__ void load_lse_d(float* sLse, float* sD, const BwdParams& p, const BwdSeq& seq, int h,
                                            int m0) {
   const int tid = threadIdx.x;
-  const int64_t lse_row = p.cu_seqlens_q ? int64_t(h) * p.rows_q + seq.q_start + m0
-                                         : (seq.batch_q * p.num_heads + h) * p.seqlen_q + m0;
+  const int64_t lse_row = lse_row0(p, seq, h) + m0;
   const int64_t d_row = int64_t(h) * p.rows_q + seq.ws_row + m0;
   if (tid < kBlockM) {
     const bool valid = m0 + tid < seq.seqlen_q;

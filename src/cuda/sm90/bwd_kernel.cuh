@@ -626,8 +626,7 @@ __global__ void __launch_bounds__(384, 1) bwd_ws_kernel(const sm80::BwdParams p,
           cp_async_commit();
         }
         if (j == 0 || load.m_block == load.i_begin) {  // a new query head: its rows of lse and D
-          lse_head = p.lse + (p.cu_seqlens_q ? int64_t(load.h) * p.rows_q + seq.q_start
-                                             : (seq.batch_q * p.num_heads + load.h) * p.seqlen_q);
+          lse_head = p.lse + lse_row0(p, seq, load.h);
           d_head = p.d_sum + int64_t(load.h) * p.rows_q + seq.ws_row;
         }
 #pragma unroll
