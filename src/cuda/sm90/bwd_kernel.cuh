@@ -49,10 +49,10 @@ struct BwdTraits {
   static constexpr int kBlockM = kConfig.block_m, kBlockN = sm80::kSm90BwdBlockN;
   static constexpr bool kProducer = kConfig.producer, kBf16 = std::is_same_v<T, __nv_bfloat16>;
   // The consumers (the products, the softmax gradient, dQ staged) and, with kProducer, a producer
-  // warpgroup: its first warp's lane 0 issues the TMA loads and the dQ reductions, its second warp loads
-  // lse, D (and Q, dO where TMA cannot); the other two idle. setmaxnreg moves registers to the consumers
-  // within the 168 a thread of the launch; ptxas -v at head_dim 128: no spills with 40 + 2 x 232 (24 + 2 x
-  // 240: 76 bytes, the lse / D warp short of registers).
+  // warpgroup: its first warp's lane 0 issues the TMA loads, its second warp loads lse, D (and Q, dO where
+  // TMA cannot), its third warp's lane 0 issues the dQ reductions; the fourth idles. setmaxnreg moves
+  // registers to the consumers within the 168 a thread of the launch; ptxas -v at head_dim 128: no spills
+  // with 40 + 2 x 232 (24 + 2 x 240: 76 bytes, the lse / D warp short of registers).
   static constexpr int kConsumerThreads = 256, kThreads = kProducer ? 384 : 256;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = (168 * 384 - kProducerRegs * 128) / kConsumerThreads / 8 * 8;
@@ -538,8 +538,8 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
 
 // ---------------------------------------------------------------------------------------------
 // The producer schedule: warpgroup 2 loads iteration j's q-block once the consumers are done with j - 2
-// (q_full, q_empty) and adds dQ_{j - 1} once staged (dq_full, dq_empty); the consumers' only barrier is the
-// one before dQ.
+// (q_full, q_empty) and, from another warp, adds dQ_i once staged (dq_full, dq_empty): a q-block's load never
+// waits for a reduction's reads. The consumers' only barrier is the one before dQ.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(384, 1) bwd_ws_kernel(const sm80::BwdParams p, const __grid_constant__ BwdMaps maps) {
   using namespace sm80;
@@ -578,32 +578,30 @@ __global__ void __launch_bounds__(384, 1) bwd_ws_kernel(const sm80::BwdParams p,
 
   if (wg == 2) {  // the producer
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (warp_in_wg == 0 && lane == 0) {  // Q_j, dO_j by TMA; dQ_{j - 1} added
-      QBlockCursor load = w.first, reduce = w.first;
-      for (int j = 0; j <= num_iters; ++j) {
-        if (j < num_iters) {
-          const int buf = j & 1;
-          if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
-          if (tma)
-            tma_load_q_block<T, Tr>(maps, &q_full[buf], sm.q(buf), sm.dout(buf),
-                                    seq, load.h, load.m_block);
-          else
-            mbar_arrive(&q_full[buf]);
-          load.advance();
-        }
-        if (bulk_dq && j >= 1) {  // iteration i = j - 1's dQ_i, once staged
-          const int i = j - 1, stage = i % kDqStages;
+    if (warp_in_wg == 0 && lane == 0) {  // Q_j, dO_j by TMA
+      QBlockCursor load = w.first;
+      for (int j = 0; j < num_iters; ++j, load.advance()) {
+        const int buf = j & 1;
+        if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
+        if (tma)
+          tma_load_q_block<T, Tr>(maps, &q_full[buf], sm.q(buf), sm.dout(buf), seq, load.h, load.m_block);
+        else
+          mbar_arrive(&q_full[buf]);
+      }
+    } else if (warp_in_wg == 2 && lane == 0) {  // dQ_i added once staged (a warp of its own: no load waits on it)
+      if (bulk_dq) {
+        QBlockCursor reduce = w.first;
+        for (int i = 0; i < num_iters; ++i, reduce.advance()) {
+          const int stage = i % kDqStages, m0 = reduce.m_block * kBlockM;
           mbar_wait(&dq_full[stage], (i / kDqStages) & 1);
-          const int m0 = reduce.m_block * kBlockM;
           const int64_t ws0 = int64_t(reduce.h) * p.rows_q + seq.ws_row + m0;
           bulk_reduce_dq_ops<kBlockM, kHeadDim, Tr::kDqBulkOps, 0, Tr::kDqBulkOps>(
               p.dq_accum + ws0 * kHeadDim, smem_addr(sm.dq(stage)), min(kBlockM, seqlen_q - m0));
           bulk_wait_read<kDqStages - 1>();  // iteration i - (kDqStages - 1)'s tile read: free it
           if (i >= kDqStages - 1) mbar_arrive(&dq_empty[(i - (kDqStages - 1)) % kDqStages]);
-          reduce.advance();
         }
+        bulk_wait_read();  // shared memory must outlive the reads
       }
-      if (bulk_dq) bulk_wait_read();  // shared memory must outlive the reads
     } else if (warp_in_wg == 1) {  // lse_j, D_j (rows past the sequence read as 0); Q_j, dO_j where TMA cannot
       QBlockCursor load = w.first;
       const float *lse_head = nullptr, *d_head = nullptr;
