@@ -103,11 +103,11 @@ class Ours:
         fa.check(self.lib, self.lib.fa_backward(ctypes.byref(self.pb), self.impl), "backward")
 
 
-def interleaved(fns, rep):
+def interleaved(fns, rep, flush=torch.Tensor.zero_):
     """Median times (ms) of fns, their calls timed in turn: each call as do_bench times it (L2 flushed by
-    zeroing 256 MB, then CUDA events around the call), the order reversed every other round, about rep ms
-    of calls each. The card's clock moves over a series (its power limit), and by more than the gaps
-    being measured: turn by turn every fn meets the same states of it."""
+    writing 256 MB: flush(cache), zeroing it unless told, then CUDA events around the call), the order
+    reversed every other round, about rep ms of calls each. The card's clock moves over a series (its power
+    limit), and by more than the gaps being measured: turn by turn every fn meets the same states of it."""
     cache = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
     for fn in fns:
         fn()
@@ -116,7 +116,7 @@ def interleaved(fns, rep):
     start.record()
     for _ in range(3):
         for fn in fns:
-            cache.zero_()
+            flush(cache)
             fn()
     end.record()
     torch.cuda.synchronize()
@@ -129,7 +129,7 @@ def interleaved(fns, rep):
               for _ in fns]
     for r in range(rounds):
         for j in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
-            cache.zero_()
+            flush(cache)
             events[j][r][0].record()
             fns[j]()
             events[j][r][1].record()
