@@ -49,12 +49,14 @@ std::vector<Case> sm90_backward_cases() {
       c.causal = d == 40;
       out.push_back(c);
     }
-    c = make_case(dt, 1, 130, 140, 2, 2, 64);  // strides not a multiple of 8: element-wise loads and stores
-    c.row_padding = 3;
-    out.push_back(c);
-    c.softcap = 20.f, c.row_padding = 0, c.seqlens_q = {0, 130, 64, 1}, c.seqlens_k = {9, 0, 300, 200};
-    c.batch = 4, c.seqlen_q = 130, c.seqlen_k = 300;  // varlen: the longest sequences
-    out.push_back(c);
+    for (int d : {64, 128}) {  // (head_dim 128: the producer warpgroup's cp.async paths and its K, V maps)
+      c = make_case(dt, 1, 130, 140, 2, 2, d);  // strides not a multiple of 8: element-wise loads and stores
+      c.row_padding = 3;
+      out.push_back(c);
+      c.softcap = 20.f, c.row_padding = 0, c.seqlens_q = {0, 130, 64, 1}, c.seqlens_k = {9, 0, 300, 200};
+      c.batch = 4, c.seqlen_q = 130, c.seqlen_k = 300;  // varlen: the longest sequences
+      out.push_back(c);
+    }
   }
   return out;
 }
@@ -70,11 +72,13 @@ std::vector<Case> sm90_deterministic_cases() {
       c.causal = true;
       out.push_back(c);
     }
-    Case c = make_case(dt, 1, 1, 1, 4, 1, 64);
-    c.deterministic = true, c.causal = true, c.window_left = 100;
-    c.seqlens_q = {700, 0, 300}, c.seqlens_k = {900, 50, 290};
-    c.batch = 3, c.seqlen_q = 700, c.seqlen_k = 900;
-    out.push_back(c);
+    for (int d : {64, 128}) {
+      Case c = make_case(dt, 1, 1, 1, 4, 1, d);
+      c.deterministic = true, c.causal = true, c.window_left = 100;
+      c.seqlens_q = {700, 0, 300}, c.seqlens_k = {900, 50, 290};
+      c.batch = 3, c.seqlen_q = 700, c.seqlen_k = 900;
+      out.push_back(c);
+    }
   }
   return out;
 }

@@ -155,6 +155,7 @@ struct BwdParams {
   int32_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim;
   int32_t group;      // num_heads / num_heads_kv
   int64_t rows_q;     // q rows of all sequences: total_q (varlen) or batch * seqlen_q
+  int64_t rows_k;     // k rows of all sequences: total_k (varlen) or batch * seqlen_k
   int32_t num_m_blocks;  // ceil(seqlen_q / block_m), seqlen_q the longest
   float softmax_scale;
   float scale_log2;   // softmax_scale * log2(e)

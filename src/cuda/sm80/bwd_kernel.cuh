@@ -146,9 +146,9 @@ struct BwdTask {
 };
 // (Divisions by multiply-high: the ~20-instruction divisions of a CTA's first instructions cost the short
 // calls 2%, dev/sm80bwd/NOTES.md.)
-__device__ __forceinline__ BwdTask bwd_task(const BwdParams& p) {
+__device__ __forceinline__ BwdTask bwd_task(const BwdParams& p, int cta) {
   BwdTask t{0, 0, 0, -1, 0, 1};
-  int task = int(blockIdx.x), rest;
+  int task = cta, rest;
   if (task >= p.tail_begin) {
     t.piece = p.tail_pieces_div.divmod(task - p.tail_begin, t.slot), t.pieces = p.tail_pieces;
     task = p.tail_begin + t.slot;
@@ -157,6 +157,7 @@ __device__ __forceinline__ BwdTask bwd_task(const BwdParams& p) {
   t.head_kv = p.heads_kv_div.divmod(rest, t.b);
   return t;
 }
+__device__ __forceinline__ BwdTask bwd_task(const BwdParams& p) { return bwd_task(p, int(blockIdx.x)); }
 
 // CTAs of the task grid: every task once, the split ones tail_pieces times.
 inline Status bwd_task_ctas(const BwdParams& bp, const char* impl, unsigned* ctas) {
@@ -179,11 +180,11 @@ struct CtaSync {
   static __device__ __forceinline__ void sync() { __syncthreads(); }
   static __device__ __forceinline__ bool sync_or(bool pred) { return __syncthreads_or(pred); }
 };
+// cta: the task grid's CTA index where it is not the launch's (the persistent Hopper kernel), -1: %ctaid.x.
 template <int kThreads, int kN, class Sync = CtaSync>
-__device__ __forceinline__ bool tail_sum(const BwdParams& p, float (&dk)[kN], float (&dv)[kN], int tid) {
+__device__ __forceinline__ bool tail_sum(const BwdParams& p, float (&dk)[kN], float (&dv)[kN], int tid, int cta = -1) {
   static_assert(kN % 2 == 0);
-  int cta;
-  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cta));
+  if (cta < 0) asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(cta));
   if (cta < p.tail_begin) return true;
   int slot;
   p.tail_pieces_div.divmod(cta - p.tail_begin, slot);

@@ -170,6 +170,7 @@ Status backward(const fa_params& p, bool hopper) {
   bp.num_heads = p.num_heads, bp.num_heads_kv = p.num_heads_kv, bp.head_dim = p.head_dim;
   bp.group = p.num_heads / p.num_heads_kv;
   bp.rows_q = w.rows_q;
+  bp.rows_k = is_varlen(p) ? p.total_k : int64_t(p.batch) * p.seqlen_k;
   bp.num_m_blocks = w.num_m_blocks;
   bp.softmax_scale = effective_scale(p);
   bp.scale_log2 = bp.softmax_scale * kLog2e;

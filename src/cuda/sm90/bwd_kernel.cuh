@@ -49,10 +49,11 @@ struct BwdTraits {
   static constexpr int kBlockM = kConfig.block_m, kBlockN = sm80::kSm90BwdBlockN;
   static constexpr bool kProducer = kConfig.producer, kBf16 = std::is_same_v<T, __nv_bfloat16>;
   // The consumers (the products, the softmax gradient, dQ staged) and, with kProducer, a producer
-  // warpgroup: its first warp's lane 0 issues the TMA loads, its second warp loads lse, D (and Q, dO where
-  // TMA cannot), its third warp's lane 0 issues the dQ reductions; the fourth idles. setmaxnreg moves
-  // registers to the consumers within the 168 a thread of the launch; ptxas -v at head_dim 128: no spills
-  // with 40 + 2 x 232 (24 + 2 x 240: 76 bytes, the lse / D warp short of registers).
+  // warpgroup of four warps, each one job: Q, dO (by TMA from lane 0, or cp.async where TMA cannot); lse, D;
+  // the dQ reductions (lane 0); K, V (likewise). setmaxnreg moves registers to the consumers within the 168 a
+  // thread of the launch; ptxas -v at head_dim 128 with 40 + 2 x 232: 44 bytes of spill stores, 52 of loads
+  // (in the SASS the consumers' key_row and t, reloaded 4 times a q-block; at 48 + 2 x 224 the consumers spill
+  // in the products and the kernel read 0.7 of its speed).
   static constexpr int kConsumerThreads = 256, kThreads = kProducer ? 384 : 256;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = (168 * 384 - kProducerRegs * 128) / kConsumerThreads / 8 * 8;
@@ -70,9 +71,9 @@ struct BwdTraits {
   // dq_stages fp32 dQ staging tiles [block_m][head_dim] in the accumulator's layout (sm80::dq_swizzle),
   // added by 16 bulk reductions (8 rows each at head_dim 64, 4 at 128): 3-10% faster than one per row; 8
   // about the same, 32 slower (docs/sm90_bwd.md). Then the mbarriers: q_full[2] and, with the producer,
-  // q_empty[2], dq_full[dq_stages], dq_empty[dq_stages].
+  // q_empty[2], dq_full[dq_stages], dq_empty[dq_stages], kv_full, kv_empty.
   static constexpr int kDsBufs = kProducer ? 2 : 1, kDqBulkOps = 16, kDqStages = kConfig.dq_stages;
-  static constexpr int kDqTileFloats = kBlockM * kHeadDim, kBarriers = kProducer ? 4 + 2 * kDqStages : 2;
+  static constexpr int kDqTileFloats = kBlockM * kHeadDim, kBarriers = kProducer ? 6 + 2 * kDqStages : 2;
   static constexpr int kSmemBytes = 2 * TileKV::kBytes + 4 * TileQ::kBytes + kDsBufs * TileDs::kBytes +
                                     4 * kBlockM * 4 + kDqStages * kDqTileFloats * 4 + kBarriers * 8;
   static_assert(kSmemBytes <= 227 * 1024, "the H100's shared memory");
@@ -86,6 +87,7 @@ struct BwdTraits {
 // q-block instead of 256 threads' cp.async: +7-15% at head_dim 64, +2-5% at 128 (docs/sm90_bwd.md).
 struct BwdMaps {
   CUtensorMap q, dout;
+  CUtensorMap k, v;  // the producer kernel's K, V (boxes of 64 columns x block_n rows)
   int tma;
 };
 
@@ -200,8 +202,8 @@ struct BwdWork {
   Mask mask;
   int n0, n1, num_iters;
   QBlockCursor first;
-  __device__ __forceinline__ explicit BwdWork(const sm80::BwdParams& p)
-      : task(sm80::bwd_task(p)),
+  __device__ __forceinline__ explicit BwdWork(const sm80::BwdParams& p, int cta)
+      : task(sm80::bwd_task(p, cta)),
         seq(sm80::bwd_sequence(p, task.b)),
         mask(seq.seqlen_q, seq.seqlen_k, p.causal != 0, p.window_left, p.window_right),
         n0(task.n_block * kBlockN),
@@ -402,6 +404,19 @@ __device__ __forceinline__ void tma_load_q_block(const BwdMaps& maps, uint64_t* 
   }
 }
 
+// K_j, V_j of the k-block from key n0 by TMA from one thread, likewise.
+template <class T, class Tr>
+__device__ __forceinline__ void tma_load_kv_block(const BwdMaps& maps, uint64_t* bar, T* k, T* v,
+                                                  const sm80::BwdSeq& seq, int n0, int head_kv) {
+  mbar_arrive_expect_tx(bar, 2 * Tr::TileKV::kBytes);
+  const int row = int(seq.k_start) + n0, batch = int(seq.batch_q);
+#pragma unroll
+  for (int c = 0; c < Tr::kDim / 64; ++c) {
+    tma_load_4d(&maps.k, bar, k + c * Tr::kBlockN * 64, 64 * c, row, head_kv, batch);
+    tma_load_4d(&maps.v, bar, v + c * Tr::kBlockN * 64, 64 * c, row, head_kv, batch);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The two-warpgroup schedule: iteration it's first barrier (Q_i, dO_i, lse_i, D_i landed; both warpgroups done
 // with it - 1) is followed by the loads of it + 1 and the reductions of dQ_{it - 1}.
@@ -417,7 +432,7 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
   const BwdSmem<T, Tr> sm{smem};
   uint64_t* q_full = sm.bar();  // [2]: Q_i, dO_i landed (TMA)
 
-  const BwdWork<kBlockM, kBlockN> w(p);
+  const BwdWork<kBlockM, kBlockN> w(p, int(blockIdx.x));
   // wg sets this warpgroup's k, v and dS^T descriptors: uniform_warpgroup_index keeps them in uniform registers.
   const int tid = threadIdx.x, lane = tid % 32, warp_in_wg = (tid / 32) % 4;
   const int wg = FLASHATTN_SM90_BWD_UNIFORM_WG ? uniform_warpgroup_index() : tid / 128;
@@ -540,12 +555,17 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
 // The producer schedule: warpgroup 2 loads iteration j's q-block once the consumers are done with j - 2
 // (q_full, q_empty) and, from another warp, adds dQ_i once staged (dq_full, dq_empty): a q-block's load never
 // waits for a reduction's reads. The consumers' only barrier is the one before dQ.
+// K_j, V_j come from the producer too (kv_full, kv_empty). The CTA runs the task grid's CTAs blockIdx.x,
+// + gridDim.x, .. < ctas: one, unless the grid is persistent (FLASHATTN_SM90_BWD_PERSISTENT); every role
+// counts its q-blocks and tasks over them, so the mbarriers' phases run on from task to task.
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(384, 1) bwd_ws_kernel(const sm80::BwdParams p, const __grid_constant__ BwdMaps maps) {
+__global__ void __launch_bounds__(384, 1)
+    bwd_ws_kernel(const sm80::BwdParams p, const __grid_constant__ BwdMaps maps, int ctas) {
   using namespace sm80;
   using Tr = BwdTraits<T, kHeadDim>;
   using TileQ = typename Tr::TileQ;
-  constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kDqStages = Tr::kDqStages;
+  using Work = BwdWork<Tr::kBlockM, Tr::kBlockN>;
+  constexpr int kBlockM = Tr::kBlockM, kDqStages = Tr::kDqStages;
   static_assert(Tr::kProducer && Tr::kThreads == 384);
 
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -554,91 +574,140 @@ __global__ void __launch_bounds__(384, 1) bwd_ws_kernel(const sm80::BwdParams p,
   uint64_t* q_empty = q_full + 2;            // [2]: every consumer thread done with them
   uint64_t* dq_full = q_empty + 2;           // [kDqStages]: dQ_i staged
   uint64_t* dq_empty = dq_full + kDqStages;  // [kDqStages]: its reductions have read it
+  uint64_t* kv_full = dq_empty + kDqStages;  // K_j, V_j in
+  uint64_t* kv_empty = kv_full + 1;          // every consumer thread done with them
 
-  const BwdWork<kBlockM, kBlockN> w(p);
   const int tid = threadIdx.x, lane = tid % 32, warp_in_wg = (tid / 32) % 4;
   const int wg = FLASHATTN_SM90_BWD_UNIFORM_WG ? uniform_warpgroup_index() : tid / 128;
-  const BwdSeq& seq = w.seq;
-  const int seqlen_q = seq.seqlen_q, n0 = w.n0, num_iters = w.num_iters;
-  if (n0 >= seq.seqlen_k) return;
   const bool tma = maps.tma != 0, bulk_dq = !p.deterministic;
 
   if (tid == 0) {
     for (int s = 0; s < 2; ++s) {
-      mbar_init(&q_full[s], 1 + 32);  // the TMA thread (with the bytes) and the lse / D warp
+      mbar_init(&q_full[s], 32 + 32);  // the Q, dO warp (lane 0 with the TMA bytes) and the lse / D warp
       mbar_init(&q_empty[s], Tr::kConsumerThreads);
     }
     for (int s = 0; s < kDqStages; ++s) {
       mbar_init(&dq_full[s], Tr::kConsumerThreads);
       mbar_init(&dq_empty[s], 1);
     }
+    mbar_init(kv_full, 32);  // the K, V warp's lanes (lane 0 with the bytes)
+    mbar_init(kv_empty, Tr::kConsumerThreads);
     mbar_fence_init();
   }
   __syncthreads();  // the barriers initialized before any use; the last CTA-wide barrier
 
   if (wg == 2) {  // the producer
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (warp_in_wg == 0 && lane == 0) {  // Q_j, dO_j by TMA
-      QBlockCursor load = w.first;
-      for (int j = 0; j < num_iters; ++j, load.advance()) {
-        const int buf = j & 1;
-        if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
-        if (tma)
-          tma_load_q_block<T, Tr>(maps, &q_full[buf], sm.q(buf), sm.dout(buf), seq, load.h, load.m_block);
-        else
+    if (warp_in_wg == 0) {  // Q_j, dO_j: by TMA from lane 0, or by cp.async from the warp's lanes
+      int j = 0;  // the CTA's q-blocks so far: buffer j % 2, its (j / 2)-th load
+      for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
+        const Work w(p, cta);
+        const BwdSeq& seq = w.seq;
+        if (w.n0 >= seq.seqlen_k) continue;
+        QBlockCursor load = w.first;
+        for (int it = 0; it < w.num_iters; ++it, ++j, load.advance()) {
+          const int buf = j & 1, m0 = load.m_block * kBlockM;
+          if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
+          if (tma) {
+            if (lane == 0)
+              tma_load_q_block<T, Tr>(maps, &q_full[buf], sm.q(buf), sm.dout(buf), seq, load.h, load.m_block);
+            else
+              mbar_arrive(&q_full[buf]);
+            continue;
+          }
+          const T* q_tile = static_cast<const T*>(p.q) +
+                            bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, load.h);
+#pragma unroll 1  // rolled, one tile at a time: the producer has few registers
+          for (int u = lane; u < kBlockM * kHeadDim / 8; u += 32)
+            load_tile_unit<T, kBlockM, kHeadDim>(sm.q(buf), q_tile, p.q_row_stride, seq.seqlen_q - m0, p.head_dim,
+                                                 p.vectorized != 0, u);
+          const T* do_tile = static_cast<const T*>(p.dout) + bwd_offset(seq, seq.q_start, p.do_batch_stride,
+                                                                        p.do_row_stride, p.do_head_stride, m0, load.h);
+#pragma unroll 1
+          for (int u = lane; u < kBlockM * kHeadDim / 8; u += 32)
+            load_tile_unit<T, kBlockM, kHeadDim>(sm.dout(buf), do_tile, p.do_row_stride, seq.seqlen_q - m0,
+                                                 p.head_dim, p.vectorized != 0, u);
+          cp_async_commit();
+          cp_async_wait<0>();
+          fence_proxy_async_shared();  // Q_j, dO_j written by the generic proxy, read by the tensor cores
           mbar_arrive(&q_full[buf]);
+        }
+      }
+    } else if (warp_in_wg == 1) {  // lse_j, D_j (rows past the sequence read as 0)
+      int j = 0;
+      for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
+        const Work w(p, cta);
+        const BwdSeq& seq = w.seq;
+        if (w.n0 >= seq.seqlen_k) continue;
+        QBlockCursor load = w.first;
+        const float *lse_head = nullptr, *d_head = nullptr;
+        for (int it = 0; it < w.num_iters; ++it, ++j) {
+          const int buf = j & 1, m0 = load.m_block * kBlockM;
+          if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
+          if (it == 0 || load.m_block == load.i_begin) {  // a new query head: its rows of lse and D
+            lse_head = p.lse + lse_row0(p, seq, load.h);
+            d_head = p.d_sum + int64_t(load.h) * p.rows_q + seq.ws_row;
+          }
+#pragma unroll
+          for (int r = lane; r < kBlockM; r += 32) {
+            const bool valid = m0 + r < seq.seqlen_q;
+            sm.lse(buf)[r] = valid ? lse_head[m0 + r] : 0.f;
+            sm.d(buf)[r] = valid ? d_head[m0 + r] : 0.f;
+          }
+          mbar_arrive(&q_full[buf]);
+          load.advance();
+        }
       }
     } else if (warp_in_wg == 2 && lane == 0) {  // dQ_i added once staged (a warp of its own: no load waits on it)
       if (bulk_dq) {
-        QBlockCursor reduce = w.first;
-        for (int i = 0; i < num_iters; ++i, reduce.advance()) {
-          const int stage = i % kDqStages, m0 = reduce.m_block * kBlockM;
-          mbar_wait(&dq_full[stage], (i / kDqStages) & 1);
-          const int64_t ws0 = int64_t(reduce.h) * p.rows_q + seq.ws_row + m0;
-          bulk_reduce_dq_ops<kBlockM, kHeadDim, Tr::kDqBulkOps, 0, Tr::kDqBulkOps>(
-              p.dq_accum + ws0 * kHeadDim, smem_addr(sm.dq(stage)), min(kBlockM, seqlen_q - m0));
-          bulk_wait_read<kDqStages - 1>();  // iteration i - (kDqStages - 1)'s tile read: free it
-          if (i >= kDqStages - 1) mbar_arrive(&dq_empty[(i - (kDqStages - 1)) % kDqStages]);
+        int i = 0;  // the CTA's q-blocks so far
+        for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
+          const Work w(p, cta);
+          if (w.n0 >= w.seq.seqlen_k) continue;
+          QBlockCursor reduce = w.first;
+          for (int it = 0; it < w.num_iters; ++it, ++i, reduce.advance()) {
+            const int stage = i % kDqStages, m0 = reduce.m_block * kBlockM;
+            mbar_wait(&dq_full[stage], (i / kDqStages) & 1);
+            const int64_t ws0 = int64_t(reduce.h) * p.rows_q + w.seq.ws_row + m0;
+            bulk_reduce_dq_ops<kBlockM, kHeadDim, Tr::kDqBulkOps, 0, Tr::kDqBulkOps>(
+                p.dq_accum + ws0 * kHeadDim, smem_addr(sm.dq(stage)), min(kBlockM, w.seq.seqlen_q - m0));
+            bulk_wait_read<kDqStages - 1>();  // q-block i - (kDqStages - 1)'s tile read: free it
+            if (i >= kDqStages - 1) mbar_arrive(&dq_empty[(i - (kDqStages - 1)) % kDqStages]);
+          }
         }
         bulk_wait_read();  // shared memory must outlive the reads
       }
-    } else if (warp_in_wg == 1) {  // lse_j, D_j (rows past the sequence read as 0); Q_j, dO_j where TMA cannot
-      QBlockCursor load = w.first;
-      const float *lse_head = nullptr, *d_head = nullptr;
-      for (int j = 0; j < num_iters; ++j) {
-        const int buf = j & 1, m0 = load.m_block * kBlockM;
-        if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
-        if (!tma) {
-          const T* q_tile = static_cast<const T*>(p.q) +
-                            bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, load.h);
-          const T* do_tile = static_cast<const T*>(p.dout) + bwd_offset(seq, seq.q_start, p.do_batch_stride,
-                                                                        p.do_row_stride, p.do_head_stride, m0, load.h);
-#pragma unroll 1  // rolled: the producer has few registers
-          for (int u = lane; u < kBlockM * kHeadDim / 8; u += 32)
-            load_tile_unit<T, kBlockM, kHeadDim>(sm.q(buf), q_tile, p.q_row_stride, seqlen_q - m0,
-                                                 p.head_dim, p.vectorized != 0, u);
+    } else if (warp_in_wg == 3) {  // each task's K, V once the consumers are done with the last task's
+      int n = 0;  // the CTA's tasks so far
+      for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
+        const Work w(p, cta);
+        const BwdSeq& seq = w.seq;
+        if (w.n0 >= seq.seqlen_k) continue;
+        if (n >= 1) mbar_wait(kv_empty, (n - 1) & 1);
+        if (tma) {
+          if (lane == 0)
+            tma_load_kv_block<T, Tr>(maps, kv_full, sm.k(), sm.v(), seq, w.n0, w.task.head_kv);
+          else
+            mbar_arrive(kv_full);
+        } else {  // cp.async from the warp's lanes, rows past the sequence zero-filled
+          const T* k_tile = static_cast<const T*>(p.k) + bwd_offset(seq, seq.k_start, p.k_batch_stride,
+                                                                    p.k_row_stride, p.k_head_stride, w.n0, w.task.head_kv);
+          const T* v_tile = static_cast<const T*>(p.v) + bwd_offset(seq, seq.k_start, p.v_batch_stride,
+                                                                    p.v_row_stride, p.v_head_stride, w.n0, w.task.head_kv);
 #pragma unroll 1
-          for (int u = lane; u < kBlockM * kHeadDim / 8; u += 32)
-            load_tile_unit<T, kBlockM, kHeadDim>(sm.dout(buf), do_tile, p.do_row_stride,
-                                                 seqlen_q - m0, p.head_dim, p.vectorized != 0, u);
+          for (int u = lane; u < Tr::kBlockN * kHeadDim / 8; u += 32)
+            load_tile_unit<T, Tr::kBlockN, kHeadDim>(sm.k(), k_tile, p.k_row_stride, seq.seqlen_k - w.n0,
+                                                     p.head_dim, p.vectorized != 0, u);
+#pragma unroll 1
+          for (int u = lane; u < Tr::kBlockN * kHeadDim / 8; u += 32)
+            load_tile_unit<T, Tr::kBlockN, kHeadDim>(sm.v(), v_tile, p.v_row_stride, seq.seqlen_k - w.n0,
+                                                     p.head_dim, p.vectorized != 0, u);
           cp_async_commit();
-        }
-        if (j == 0 || load.m_block == load.i_begin) {  // a new query head: its rows of lse and D
-          lse_head = p.lse + lse_row0(p, seq, load.h);
-          d_head = p.d_sum + int64_t(load.h) * p.rows_q + seq.ws_row;
-        }
-#pragma unroll
-        for (int r = lane; r < kBlockM; r += 32) {
-          const bool valid = m0 + r < seqlen_q;
-          sm.lse(buf)[r] = valid ? lse_head[m0 + r] : 0.f;
-          sm.d(buf)[r] = valid ? d_head[m0 + r] : 0.f;
-        }
-        if (!tma) {
           cp_async_wait<0>();
-          fence_proxy_async_shared();  // Q_j, dO_j written by the generic proxy, read by the tensor cores
+          fence_proxy_async_shared();  // K, V written by the generic proxy, read by the tensor cores
+          mbar_arrive(kv_full);
         }
-        mbar_arrive(&q_full[buf]);
-        load.advance();
+        ++n;
       }
     }
     return;
@@ -646,63 +715,72 @@ __global__ void __launch_bounds__(384, 1) bwd_ws_kernel(const sm80::BwdParams p,
 
   setmaxnreg_inc<Tr::kConsumerRegs>();
   const int g = lane / 4, t = lane % 4;  // accumulator fragment coordinates (mma.sync's C layout)
-  load_kv_block<T, kBlockN, kHeadDim, Tr::kConsumerThreads>(sm.k(), sm.v(), p, seq, n0, w.task.head_kv);
-  cp_async_commit();  // (wait_group waits for committed groups only: without it, iteration 0 could read K, V early)
-  cp_async_wait<0>();
-  fence_proxy_async_shared();  // K, V written by the generic proxy, read by the tensor cores
-  ConsumerSync::sync();
-
   // This thread's rows: keys key_row (+ 8) of S^T, dP^T, dK, dV; dQ rows dq_row (+ 8) from column dq_d0.
   const int key_row = 64 * wg + 16 * warp_in_wg + g;
   const int dq_m0 = 64 * (wg % Tr::kDqWgM), dq_d0 = Tr::kDqN * (wg / Tr::kDqWgM);
   const WarpgroupAddrs<T, Tr> a(sm, wg, dq_m0, dq_d0);
-  float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
+  int itg = 0, n = 0;  // the CTA's q-blocks so far (buffer itg % 2, staging tile itg % kDqStages) and tasks
+  for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
+    const Work w(p, cta);
+    const BwdSeq& seq = w.seq;
+    const int seqlen_q = seq.seqlen_q, n0 = w.n0;
+    if (n0 >= seq.seqlen_k) continue;
+    mbar_wait(kv_full, n & 1);
+
+    float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
 #pragma unroll
-  for (int e = 0; e < kHeadDim / 2; ++e) acc_dk[e] = acc_dv[e] = 0.f;
+    for (int e = 0; e < kHeadDim / 2; ++e) acc_dk[e] = acc_dv[e] = 0.f;
 
-  QBlockCursor cur = w.first;
-  for (int it = 0; it < num_iters; ++it) {
-    const int buf = it & 1, m0 = cur.m_block * kBlockM;
-    const uint32_t q_buf = opaque(a.q + buf * TileQ::kBytes), do_buf = opaque(a.dout + buf * TileQ::kBytes);
-    const uint32_t k_it = opaque(a.k), v_it = opaque(a.v);
+    QBlockCursor cur = w.first;
+    for (int it = 0; it < w.num_iters; ++it, ++itg) {
+      const int buf = itg & 1, m0 = cur.m_block * kBlockM;
+      const uint32_t q_buf = opaque(a.q + buf * TileQ::kBytes), do_buf = opaque(a.dout + buf * TileQ::kBytes);
+      const uint32_t k_it = opaque(a.k), v_it = opaque(a.v);
 
-    // S^T, dP^T once the q-block landed (the buffer's (it / 2)-th load).
-    mbar_wait(&q_full[buf], (it >> 1) & 1);
-    float s[kBlockM / 2], dp[kBlockM / 2];
-    IssueOrder::before(key_row);
-    issue_s_dp<Tr>(s, dp, k_it, v_it, q_buf, do_buf);
-    IssueOrder::after(key_row);
-    const BlockBand bb = block_band<kBlockM>(w.mask, seqlen_q, seq.seqlen_k, n0, w.n1, m0);
-    const BandMask band{key_row, 2 * t, bb.lo, bb.hi, seq.seqlen_k - n0, seqlen_q - m0};
-    uint32_t a_p[kBlockM / 16][4], a_ds[kBlockM / 16][4];
-    probs_grads_operands<T, Tr>(s, dp, sm.lse(buf) + 2 * t, sm.d(buf) + 2 * t, p, band,
-                                bb.need_mask, a_p, a_ds);
-    issue_dv_dk<Tr>(acc_dv, acc_dk, a_p, a_ds, q_buf, do_buf);
-    store_ds_t<Tr>(smem_addr(sm.ds(buf)), wg, warp_in_wg, a_ds);
-    ConsumerSync::sync();  // dS^T complete (both warpgroups' keys)
+      // S^T, dP^T once the q-block landed (the buffer's (itg / 2)-th load).
+      mbar_wait(&q_full[buf], (itg >> 1) & 1);
+      float s[kBlockM / 2], dp[kBlockM / 2];
+      IssueOrder::before(key_row);
+      issue_s_dp<Tr>(s, dp, k_it, v_it, q_buf, do_buf);
+      IssueOrder::after(key_row);
+      const BlockBand bb = block_band<kBlockM>(w.mask, seqlen_q, seq.seqlen_k, n0, w.n1, m0);
+      const BandMask band{key_row, 2 * t, bb.lo, bb.hi, seq.seqlen_k - n0, seqlen_q - m0};
+      uint32_t a_p[kBlockM / 16][4], a_ds[kBlockM / 16][4];
+      probs_grads_operands<T, Tr>(s, dp, sm.lse(buf) + 2 * t, sm.d(buf) + 2 * t, p, band,
+                                  bb.need_mask, a_p, a_ds);
+      issue_dv_dk<Tr>(acc_dv, acc_dk, a_p, a_ds, q_buf, do_buf);
+      store_ds_t<Tr>(smem_addr(sm.ds(buf)), wg, warp_in_wg, a_ds);
+      ConsumerSync::sync();  // dS^T complete (both warpgroups' keys)
 
-    float acc_dq[Tr::kDqN / 2];
-    dq_product<Tr>(acc_dq, opaque(a.ds + buf * Tr::TileDs::kBytes), opaque(a.k_dq), acc_dv, acc_dk, a_p, a_ds);
-    mbar_arrive(&q_empty[buf]);  // this thread is done with Q_i, dO_i (its warpgroup's products) and lse_i, D_i
+      float acc_dq[Tr::kDqN / 2];
+      dq_product<Tr>(acc_dq, opaque(a.ds + buf * Tr::TileDs::kBytes), opaque(a.k_dq), acc_dv, acc_dk, a_p, a_ds);
+      mbar_arrive(&q_empty[buf]);  // this thread is done with Q_i, dO_i (its warpgroup's products) and lse_i, D_i
 
-    const int dq_row = dq_m0 + 16 * warp_in_wg + g;
-    const int64_t ws0 = int64_t(cur.h) * p.rows_q + seq.ws_row + m0;  // the q-block's first accumulator row
-    const int swz = sm80::dq_fragment_swizzle(ws0);                   // rows dq_row and dq_row + 8
-    if (bulk_dq) {  // stage dQ_i for the producer's reductions, once they have read the stage's last tile
-      const int stage = it % kDqStages;
-      if (it >= kDqStages) mbar_wait(&dq_empty[stage], ((it / kDqStages) - 1) & 1);
-      stage_dq<Tr>(sm.dq(stage), dq_row, dq_d0, t, swz, acc_dq);
-      mbar_arrive(&dq_full[stage]);
-    } else {
-      add_dq_ordered<Tr, ConsumerSync>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block,
-                                       p.dq_accum + ws0 * kHeadDim, seqlen_q - m0, dq_row, dq_d0, t, swz, acc_dq, tid);
+      const int dq_row = dq_m0 + 16 * warp_in_wg + g;
+      const int64_t ws0 = int64_t(cur.h) * p.rows_q + seq.ws_row + m0;  // the q-block's first accumulator row
+      const int swz = sm80::dq_fragment_swizzle(ws0);                   // rows dq_row and dq_row + 8
+      if (bulk_dq) {  // stage dQ_i for the producer's reductions, once they have read the stage's last tile
+        const int stage = itg % kDqStages;
+        if (itg >= kDqStages) mbar_wait(&dq_empty[stage], ((itg / kDqStages) - 1) & 1);
+        stage_dq<Tr>(sm.dq(stage), dq_row, dq_d0, t, swz, acc_dq);
+        mbar_arrive(&dq_full[stage]);
+      } else {
+        add_dq_ordered<Tr, ConsumerSync>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block,
+                                         p.dq_accum + ws0 * kHeadDim, seqlen_q - m0, dq_row, dq_d0, t, swz, acc_dq,
+                                         tid);
+      }
+      cur.advance();
     }
-    cur.advance();
-  }
+    mbar_arrive(kv_empty);  // this thread's products are done with K, V (the last dQ product waited for)
+    ++n;
 
-  // A piece of a split task, not the last: done.
-  if (!tail_sum<Tr::kConsumerThreads, kHeadDim / 2, ConsumerSync>(p, acc_dk, acc_dv, tid)) return;
-  store_dk_dv<T, Tr>(p, seq, n0, w.task.head_kv, key_row, t, acc_dk, acc_dv);
+    // A piece of a split task writes dK, dV only if it finishes last. The thread's indices through an opaque
+    // move: the addresses computed from them are the same for every task, and hoisted out of the task loop they
+    // would stay live through the q-block loop (312 bytes of spills at 232 registers).
+    const int tid_e = int(opaque(tid)), key_row_e = int(opaque(key_row)), t_e = int(opaque(t));
+    if (tail_sum<Tr::kConsumerThreads, kHeadDim / 2, ConsumerSync>(p, acc_dk, acc_dv, tid_e, cta))
+      store_dk_dv<T, Tr>(p, seq, n0, w.task.head_kv, key_row_e, t_e, acc_dk, acc_dv);
+  }
 }
 
 // The kernel of the config table's schedule.

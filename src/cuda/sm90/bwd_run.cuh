@@ -2,7 +2,17 @@
 // conversion) around the wgmma main kernel of bwd_kernel.cuh, on bp's stream.
 #pragma once
 
+#include <algorithm>
+
+#include "cuda/common.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
+
+// Dev switch: the producer kernel's grid a CTA an SM, each running task-grid CTAs in turn (1), or the task grid
+// (0). Session 57 (H200): even to +2.7% without a mask, 0.67-0.97 causal, whose tasks differ in length and are
+// dealt round-robin here (the hardware's block scheduler balances them); a dynamic scheduler would be needed.
+#ifndef FLASHATTN_SM90_BWD_PERSISTENT
+#define FLASHATTN_SM90_BWD_PERSISTENT 0
+#endif
 
 namespace flashattn::cuda::sm90 {
 
@@ -28,8 +38,23 @@ Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semap
                                  bp.q_head_stride, bp.q_batch_stride, Tr::kBlockM).ok() &&
                  make_tensor_map(&maps.dout, bp.dout, Tr::kBf16, bp.head_dim, rows, bp.num_heads, batch,
                                  bp.do_row_stride, bp.do_head_stride, bp.do_batch_stride, Tr::kBlockM).ok();
+      if constexpr (Tr::kProducer) {  // its K, V too (varlen: a k-block past its sequence reads the next one's keys,
+        const int64_t rows_k = varlen ? bp.rows_k : bp.seqlen_k;  // masked like keys past seqlen_k)
+        maps.tma = maps.tma &&
+                   make_tensor_map(&maps.k, bp.k, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
+                                   bp.k_row_stride, bp.k_head_stride, bp.k_batch_stride, Tr::kBlockN).ok() &&
+                   make_tensor_map(&maps.v, bp.v, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
+                                   bp.v_row_stride, bp.v_head_stride, bp.v_batch_stride, Tr::kBlockN).ok();
+      }
     }
-    kernel<<<ctas, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp, maps);
+    if constexpr (Tr::kProducer) {
+      cuda::DeviceInfo dev;
+      FA_RETURN_IF_ERROR(cuda::device_info(&dev));
+      const unsigned grid = FLASHATTN_SM90_BWD_PERSISTENT ? std::min(ctas, unsigned(dev.num_sms)) : ctas;
+      kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp, maps, int(ctas));
+    } else {
+      kernel<<<ctas, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp, maps);
+    }
     FA_CUDA_CHECK_LAUNCH("sm90 backward main");
   }
   return sm80::launch_bwd_convert_dq<T, kHeadDim>(bp, stream);
