@@ -48,9 +48,12 @@ Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semap
       }
     }
     if constexpr (Tr::kProducer) {
-      cuda::DeviceInfo dev;
-      FA_RETURN_IF_ERROR(cuda::device_info(&dev));
-      const unsigned grid = FLASHATTN_SM90_BWD_PERSISTENT ? std::min(ctas, unsigned(dev.num_sms)) : ctas;
+      unsigned grid = ctas;
+      if constexpr (FLASHATTN_SM90_BWD_PERSISTENT) {
+        cuda::DeviceInfo dev;
+        FA_RETURN_IF_ERROR(cuda::device_info(&dev));
+        grid = std::min(ctas, unsigned(dev.num_sms));
+      }
       kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp, maps, int(ctas));
     } else {
       kernel<<<ctas, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp, maps);
