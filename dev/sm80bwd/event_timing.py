@@ -5,8 +5,8 @@ dev/sm90/fwd_ab.py and fwd_waves.py.
 The n calls are queued back to back and synchronized once, as triton's do_bench (the library benchmark)
 does: the host's time to issue a call hides behind the GPU's work on the calls before it. Until session 57
 this synchronized after every call, so a call whose host side is slow (torch's autograd backward: cuDNN's
-SDPA backward read 0.77x of do_bench's rate at head_dim 128, 512 keys) was charged for the GPU idling while
-the host issued it, beyond what the flush before it covers."""
+SDPA backward read 0.75x of do_bench's rate at head_dim 128, 512 keys, dev/sm90/timing_check.py) was charged
+for the GPU idling while the host issued it, beyond what the flush before it covers."""
 import torch
 
 
