@@ -22,7 +22,8 @@
 //     reductions, with a CTA barrier at the loop's top;
 //   bwd_ws_kernel: a third, producer warpgroup does both, handing buffers over by mbarriers; the
 //     consumers meet only at the barrier before dQ, dS^T is double-buffered, and warpgroup 1 issues its
-//     S^T, dP^T after warpgroup 0 (IssueOrder), so that one's softmax gradient runs under the other's products.
+//     S^T, dP^T after warpgroup 0 (IssueOrder), so that one's softmax gradient runs under the other's products;
+//     K_j, V_j come from the producer too, and dK_j, dV_j leave by TMA from shared memory, staged over K_j, V_j.
 #pragma once
 
 #include <type_traits>
@@ -88,6 +89,7 @@ struct BwdTraits {
 struct BwdMaps {
   CUtensorMap q, dout;
   CUtensorMap k, v;  // the producer kernel's K, V (boxes of 64 columns x block_n rows)
+  CUtensorMap dk, dv;  // and its dK, dV (stored from shared memory)
   int tma;
 };
 
@@ -390,6 +392,45 @@ __device__ __forceinline__ void store_dk_dv(const sm80::BwdParams& p, const sm80
   }
 }
 
+// dK_j * softmax_scale and dV_j through shared memory: both warpgroups done with K, V (Sync first), each stages
+// its keys' rows over them in the tiles' layout (stmatrix, as dS^T), and one thread stores the tiles by TMA, then
+// waits until they are read (K, V's next load must not overwrite them). Rows past the tensor are not written;
+// a varlen k-block that ends past its sequence would write the next one's rows, so it stores from registers.
+template <class T, class Tr, class Sync>
+__device__ __forceinline__ void store_dk_dv_tma(const sm80::BwdParams& p, const BwdMaps& maps, T* sk, T* sv,
+                                                const sm80::BwdSeq& seq, int n0, int head_kv, int wg,
+                                                int warp_in_wg, int tid, const float (&acc_dk)[Tr::kDim / 2],
+                                                const float (&acc_dv)[Tr::kDim / 2]) {
+  Sync::sync();  // every dQ product has read K
+  uint32_t lane_v;
+  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane_v));
+  const int row_t = 64 * wg + 16 * warp_in_wg + lane_v % 16;
+  const sm80::WarpCursor<Tr::kBlockN, Tr::kDim> cur_k(smem_addr(sk), row_t, lane_v / 16, 0);
+  const sm80::WarpCursor<Tr::kBlockN, Tr::kDim> cur_v(smem_addr(sv), row_t, lane_v / 16, 0);
+#pragma unroll
+  for (int kk = 0; kk < Tr::kDim / 16; ++kk) {
+    const float* k8 = acc_dk + 8 * kk;
+    const float* v8 = acc_dv + 8 * kk;
+    const float sc = p.softmax_scale;
+    stmatrix_x4(cur_k.at(0, 16 * kk), sm80::pack2<T>(k8[0] * sc, k8[1] * sc), sm80::pack2<T>(k8[2] * sc, k8[3] * sc),
+                sm80::pack2<T>(k8[4] * sc, k8[5] * sc), sm80::pack2<T>(k8[6] * sc, k8[7] * sc));
+    stmatrix_x4(cur_v.at(0, 16 * kk), sm80::pack2<T>(v8[0], v8[1]), sm80::pack2<T>(v8[2], v8[3]),
+                sm80::pack2<T>(v8[4], v8[5]), sm80::pack2<T>(v8[6], v8[7]));
+  }
+  sm80::fence_proxy_async_shared();  // written by the generic proxy, read by the TMA
+  Sync::sync();
+  if (tid == 0) {
+    const int row = int(seq.k_start) + n0, batch = int(seq.batch_q);
+#pragma unroll
+    for (int c = 0; c < Tr::kDim / 64; ++c) {
+      tma_store_4d(&maps.dk, sk + c * Tr::kBlockN * 64, 64 * c, row, head_kv, batch);
+      tma_store_4d(&maps.dv, sv + c * Tr::kBlockN * 64, 64 * c, row, head_kv, batch);
+    }
+    bulk_commit_group();
+    bulk_wait_group_0<true>();
+  }
+}
+
 // Q_i, dO_i of q-block (h, m_block) by TMA from one thread: panels of 64 columns, rows from the sequence's first
 // (varlen: packed rows, batch 0), completing on bar with their bytes.
 template <class T, class Tr>
@@ -415,6 +456,16 @@ __device__ __forceinline__ void tma_load_kv_block(const BwdMaps& maps, uint64_t*
     tma_load_4d(&maps.k, bar, k + c * Tr::kBlockN * 64, 64 * c, row, head_kv, batch);
     tma_load_4d(&maps.v, bar, v + c * Tr::kBlockN * 64, 64 * c, row, head_kv, batch);
   }
+}
+
+// A [kRows][kHeadDim] tile by one warp's lanes' cp.async (committed by the caller), rows past rows_valid
+// zero-filled. Rolled, a unit at a time: the producer warps have few registers.
+template <class T, int kRows, int kHeadDim>
+__device__ __forceinline__ void warp_load_tile(T* smem, const T* gmem, int64_t row_stride, int rows_valid,
+                                               const sm80::BwdParams& p, int lane) {
+#pragma unroll 1
+  for (int u = lane; u < kRows * kHeadDim / 8; u += 32)
+    sm80::load_tile_unit<T, kRows, kHeadDim>(smem, gmem, row_stride, rows_valid, p.head_dim, p.vectorized != 0, u);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -617,16 +668,10 @@ __global__ void __launch_bounds__(384, 1)
           }
           const T* q_tile = static_cast<const T*>(p.q) +
                             bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, load.h);
-#pragma unroll 1  // rolled, one tile at a time: the producer has few registers
-          for (int u = lane; u < kBlockM * kHeadDim / 8; u += 32)
-            load_tile_unit<T, kBlockM, kHeadDim>(sm.q(buf), q_tile, p.q_row_stride, seq.seqlen_q - m0, p.head_dim,
-                                                 p.vectorized != 0, u);
+          warp_load_tile<T, kBlockM, kHeadDim>(sm.q(buf), q_tile, p.q_row_stride, seq.seqlen_q - m0, p, lane);
           const T* do_tile = static_cast<const T*>(p.dout) + bwd_offset(seq, seq.q_start, p.do_batch_stride,
                                                                         p.do_row_stride, p.do_head_stride, m0, load.h);
-#pragma unroll 1
-          for (int u = lane; u < kBlockM * kHeadDim / 8; u += 32)
-            load_tile_unit<T, kBlockM, kHeadDim>(sm.dout(buf), do_tile, p.do_row_stride, seq.seqlen_q - m0,
-                                                 p.head_dim, p.vectorized != 0, u);
+          warp_load_tile<T, kBlockM, kHeadDim>(sm.dout(buf), do_tile, p.do_row_stride, seq.seqlen_q - m0, p, lane);
           cp_async_commit();
           cp_async_wait<0>();
           fence_proxy_async_shared();  // Q_j, dO_j written by the generic proxy, read by the tensor cores
@@ -694,14 +739,8 @@ __global__ void __launch_bounds__(384, 1)
                                                                     p.k_row_stride, p.k_head_stride, w.n0, w.task.head_kv);
           const T* v_tile = static_cast<const T*>(p.v) + bwd_offset(seq, seq.k_start, p.v_batch_stride,
                                                                     p.v_row_stride, p.v_head_stride, w.n0, w.task.head_kv);
-#pragma unroll 1
-          for (int u = lane; u < Tr::kBlockN * kHeadDim / 8; u += 32)
-            load_tile_unit<T, Tr::kBlockN, kHeadDim>(sm.k(), k_tile, p.k_row_stride, seq.seqlen_k - w.n0,
-                                                     p.head_dim, p.vectorized != 0, u);
-#pragma unroll 1
-          for (int u = lane; u < Tr::kBlockN * kHeadDim / 8; u += 32)
-            load_tile_unit<T, Tr::kBlockN, kHeadDim>(sm.v(), v_tile, p.v_row_stride, seq.seqlen_k - w.n0,
-                                                     p.head_dim, p.vectorized != 0, u);
+          warp_load_tile<T, Tr::kBlockN, kHeadDim>(sm.k(), k_tile, p.k_row_stride, seq.seqlen_k - w.n0, p, lane);
+          warp_load_tile<T, Tr::kBlockN, kHeadDim>(sm.v(), v_tile, p.v_row_stride, seq.seqlen_k - w.n0, p, lane);
           cp_async_commit();
           cp_async_wait<0>();
           fence_proxy_async_shared();  // K, V written by the generic proxy, read by the tensor cores
@@ -771,15 +810,23 @@ __global__ void __launch_bounds__(384, 1)
       }
       cur.advance();
     }
-    mbar_arrive(kv_empty);  // this thread's products are done with K, V (the last dQ product waited for)
-    ++n;
-
     // A piece of a split task writes dK, dV only if it finishes last. The thread's indices through an opaque
     // move: the addresses computed from them are the same for every task, and hoisted out of the task loop they
     // would stay live through the q-block loop (312 bytes of spills at 232 registers).
     const int tid_e = int(opaque(tid)), key_row_e = int(opaque(key_row)), t_e = int(opaque(t));
-    if (tail_sum<Tr::kConsumerThreads, kHeadDim / 2, ConsumerSync>(p, acc_dk, acc_dv, tid_e, cta))
-      store_dk_dv<T, Tr>(p, seq, n0, w.task.head_kv, key_row_e, t_e, acc_dk, acc_dv);
+    // Whole tasks (not a split task's pieces) by TMA where it may write every row of the tile: +3-15% at 512-16k
+    // keys against 64 four-byte stores a thread; skipping the stores (a diagnostic) read only 1-6% more at 512-2k.
+    const bool by_tma = tma && cta < p.tail_begin && (p.cu_seqlens_k == nullptr || n0 + Tr::kBlockN <= seq.seqlen_k);
+    if (by_tma) {
+      store_dk_dv_tma<T, Tr, ConsumerSync>(p, maps, sm.k(), sm.v(), seq, n0, w.task.head_kv, int(opaque(wg)),
+                                           int(opaque(warp_in_wg)), tid_e, acc_dk, acc_dv);
+      mbar_arrive(kv_empty);  // (thread 0 once its stores have read K, V's tiles)
+    } else {
+      mbar_arrive(kv_empty);  // this thread's products are done with K, V (the last dQ product waited for)
+      if (tail_sum<Tr::kConsumerThreads, kHeadDim / 2, ConsumerSync>(p, acc_dk, acc_dv, tid_e, cta))
+        store_dk_dv<T, Tr>(p, seq, n0, w.task.head_kv, key_row_e, t_e, acc_dk, acc_dv);
+    }
+    ++n;
   }
 }
 

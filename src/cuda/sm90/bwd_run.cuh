@@ -44,7 +44,11 @@ Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semap
                    make_tensor_map(&maps.k, bp.k, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
                                    bp.k_row_stride, bp.k_head_stride, bp.k_batch_stride, Tr::kBlockN).ok() &&
                    make_tensor_map(&maps.v, bp.v, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
-                                   bp.v_row_stride, bp.v_head_stride, bp.v_batch_stride, Tr::kBlockN).ok();
+                                   bp.v_row_stride, bp.v_head_stride, bp.v_batch_stride, Tr::kBlockN).ok() &&
+                   make_tensor_map(&maps.dk, bp.dk, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
+                                   bp.dk_row_stride, bp.dk_head_stride, bp.dk_batch_stride, Tr::kBlockN).ok() &&
+                   make_tensor_map(&maps.dv, bp.dv, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
+                                   bp.dv_row_stride, bp.dv_head_stride, bp.dv_batch_stride, Tr::kBlockN).ok();
       }
     }
     if constexpr (Tr::kProducer) {
