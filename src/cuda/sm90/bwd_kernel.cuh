@@ -88,8 +88,8 @@ struct BwdTraits {
 // q-block instead of 256 threads' cp.async: +7-15% at head_dim 64, +2-5% at 128 (docs/sm90_bwd.md).
 struct BwdMaps {
   CUtensorMap q, dout;
-  CUtensorMap k, v;  // the producer kernel's K, V (boxes of 64 columns x block_n rows)
-  CUtensorMap dk, dv;  // and its dK, dV (stored from shared memory)
+  CUtensorMap k, v;    // the producer kernel's K, V (boxes of 64 columns x block_n rows)
+  CUtensorMap dk, dv;  // dK, dV, stored from shared memory (both kernels)
   int tma;
 };
 
@@ -598,6 +598,12 @@ __global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams 
     bulk_wait_read();  // shared memory must outlive the reads (the convert kernel runs after the grid)
   }
 
+  // Whole tasks by TMA where it may write every row of the tile (as bwd_ws_kernel), else from registers.
+  if (tma && int(blockIdx.x) < p.tail_begin && (p.cu_seqlens_k == nullptr || n0 + kBlockN <= seq.seqlen_k)) {
+    store_dk_dv_tma<T, Tr, CtaSync>(p, maps, sm.k(), sm.v(), seq, n0, w.task.head_kv, wg, warp_in_wg, tid, acc_dk,
+                                    acc_dv);
+    return;
+  }
   if (!tail_sum<kThreads>(p, acc_dk, acc_dv, tid)) return;  // a piece of a split task, not the last
   store_dk_dv<T, Tr>(p, seq, n0, w.task.head_kv, key_row, t, acc_dk, acc_dv);
 }

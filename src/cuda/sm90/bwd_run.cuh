@@ -38,18 +38,20 @@ Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semap
                                  bp.q_head_stride, bp.q_batch_stride, Tr::kBlockM).ok() &&
                  make_tensor_map(&maps.dout, bp.dout, Tr::kBf16, bp.head_dim, rows, bp.num_heads, batch,
                                  bp.do_row_stride, bp.do_head_stride, bp.do_batch_stride, Tr::kBlockM).ok();
-      if constexpr (Tr::kProducer) {  // its K, V too (varlen: a k-block past its sequence reads the next one's keys,
-        const int64_t rows_k = varlen ? bp.rows_k : bp.seqlen_k;  // masked like keys past seqlen_k)
+      // dK, dV (stored from shared memory by both kernels) and the producer kernel's K, V (varlen: a k-block
+      // past its sequence reads the next one's keys, masked like keys past seqlen_k).
+      const int64_t rows_k = varlen ? bp.rows_k : bp.seqlen_k;
+      maps.tma = maps.tma &&
+                 make_tensor_map(&maps.dk, bp.dk, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
+                                 bp.dk_row_stride, bp.dk_head_stride, bp.dk_batch_stride, Tr::kBlockN).ok() &&
+                 make_tensor_map(&maps.dv, bp.dv, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
+                                 bp.dv_row_stride, bp.dv_head_stride, bp.dv_batch_stride, Tr::kBlockN).ok();
+      if constexpr (Tr::kProducer)
         maps.tma = maps.tma &&
                    make_tensor_map(&maps.k, bp.k, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
                                    bp.k_row_stride, bp.k_head_stride, bp.k_batch_stride, Tr::kBlockN).ok() &&
                    make_tensor_map(&maps.v, bp.v, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
-                                   bp.v_row_stride, bp.v_head_stride, bp.v_batch_stride, Tr::kBlockN).ok() &&
-                   make_tensor_map(&maps.dk, bp.dk, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
-                                   bp.dk_row_stride, bp.dk_head_stride, bp.dk_batch_stride, Tr::kBlockN).ok() &&
-                   make_tensor_map(&maps.dv, bp.dv, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
-                                   bp.dv_row_stride, bp.dv_head_stride, bp.dv_batch_stride, Tr::kBlockN).ok();
-      }
+                                   bp.v_row_stride, bp.v_head_stride, bp.v_batch_stride, Tr::kBlockN).ok();
     }
     if constexpr (Tr::kProducer) {
       unsigned grid = ctas;
