@@ -19,7 +19,7 @@ ncu -i /tmp/ncu-bwd.ncu-rep --page raw --metrics "$M" >"$OUT/ncu-bwd-raw.txt" 2>
 grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput" "$OUT/ncu-bwd.txt" | head -40
 # NCU_SOURCE=1: our main kernel again with the source counters (stall samples per SASS line), gzipped CSV.
 if [ -n "${NCU_SOURCE:-}" ]; then
-  timeout ${NCU_TIMEOUT:-300} ncu --profile-from-start off --clock-control none -k regex:bwd_main_kernel --section WarpStateStats \
+  timeout ${NCU_TIMEOUT:-300} ncu --profile-from-start off --clock-control none -k regex:bwd_ws_kernel --section WarpStateStats \
     --section SourceCounters -o /tmp/ncu-bwd-src -f python3 dev/sm90/ncu_bwd.py build/libflashattn.so >"$OUT/ncu-src.log" 2>&1 ||
     tail -5 "$OUT/ncu-src.log"
   ncu -i /tmp/ncu-bwd-src.ncu-rep --page source --csv --print-source sass | gzip >"$OUT/bwd-sass.csv.gz"

@@ -117,25 +117,24 @@ constexpr BwdConfig bwd_config(int kernel_head_dim) {
 // 64 keys each; block_m per head_dim (S^T, dP^T of 64 x block_m and dK, dV of 64 x head_dim per
 // warpgroup in registers: (2 * block_m + 2 * head_dim) / 2 accumulators a thread, 192 at both).
 // dq_stages: dQ staging tiles in shared memory (2: iteration i stages while the reductions of i - 1
-// still read the other; head_dim 128 +2.5% on average, head_dim 64 even, docs/sm90_bwd.md).
-// producer: a third warpgroup loads the q-blocks and adds dQ (bwd_ws_kernel; +8-14% at head_dim 128).
-// Not at 64: there it was no faster (0.99-1.005 of this kernel, H200) and its consumers' 232-240
-// registers spill (the two-warpgroup kernel has 255).
+// still read the other; head_dim 128 +2.5% on average; head_dim 64 0.97-1.0 with the producer, session 58).
+// Every head_dim runs with a producer warpgroup (loads, dQ's reductions; bwd_ws_kernel): +8-14% at
+// head_dim 128 when it came, and +2-5% at 64 without a mask (0.99-1.03 causal) once K, V came from it and
+// dK, dV left by TMA (session 58, docs/sm90_bwd.md).
 // It shares BwdParams, the workspace and the row kernels with the sm80 backward.
 struct Sm90BwdConfig {
   int head_dim;
   int block_m;
   int dq_stages;
-  bool producer;
 };
-constexpr Sm90BwdConfig kSm90BwdConfigs[] = {{64, 128, 1, false}, {128, 64, 2, true}};
+constexpr Sm90BwdConfig kSm90BwdConfigs[] = {{64, 128, 1}, {128, 64, 2}};
 constexpr int kSm90BwdBlockN = 128;
 
 // The Hopper kernel's configuration for this kernel head_dim, block_m 0 when it has none.
 constexpr Sm90BwdConfig sm90_bwd_config(int kernel_head_dim) {
   for (const Sm90BwdConfig& c : kSm90BwdConfigs)
     if (c.head_dim == kernel_head_dim) return c;
-  return {kernel_head_dim, 0, 0, false};
+  return {kernel_head_dim, 0, 0};
 }
 
 // What the three backward kernels read. Strides are in elements, 64-bit.

@@ -2,8 +2,8 @@
 // skipping, masking, GQA loop, deterministic order and dQ path of the sm80 2D kernel
 // (sm80/bwd_kernel_2d.cuh), with every product a warpgroup MMA instead of mma.sync + ldmatrix.
 //
-// One CTA per (k-block of 128 keys, kv head, batch); two (consumer) warpgroups, warpgroup w owning keys
-// 64 w .. 64 w + 63 of the block. Per q-block i (Q_i, dO_i double-buffered by TMA, or by cp.async where
+// One CTA per (k-block of 128 keys, kv head, batch); two consumer warpgroups, warpgroup w owning keys
+// 64 w .. 64 w + 63 of the block, and a producer warpgroup. Per q-block i (Q_i, dO_i double-buffered by TMA, or by cp.async where
 // TMA cannot read them; lse_i, D_i; all into the 128-byte-swizzled SmemTile layout, which is wgmma's
 // canonical K-major layout):
 //   S^T  = K_w Q_i^T     (64 x block_m)   A = K_w, B = Q_i       both K-major in shared memory
@@ -16,14 +16,12 @@
 //                                         A = dS^T (MN-major: .trans), B = K MN-major
 //   dQ_i -> staged in shared memory, added by bulk reductions (or ordered atomics, deterministic)
 // The dV, dK products run on the tensor cores while the warpgroups store dS^T and meet at the
-// barrier; the dQ product follows them in the same queue. Two schedules of these steps (the config
-// table's `producer`, sm80/bwd_config.cuh):
-//   bwd_main_kernel: the two warpgroups also load the next q-block and issue the last one's dQ
-//     reductions, with a CTA barrier at the loop's top;
-//   bwd_ws_kernel: a third, producer warpgroup does both, handing buffers over by mbarriers; the
-//     consumers meet only at the barrier before dQ, dS^T is double-buffered, and warpgroup 1 issues its
-//     S^T, dP^T after warpgroup 0 (IssueOrder), so that one's softmax gradient runs under the other's products;
-//     K_j, V_j come from the producer too, and dK_j, dV_j leave by TMA from shared memory, staged over K_j, V_j.
+// barrier; the dQ product follows them in the same queue. bwd_ws_kernel: the producer warpgroup loads
+// K_j, V_j and the q-blocks and issues the dQ reductions, handing buffers over by mbarriers; the
+// consumers meet only at the barrier before dQ, dS^T is double-buffered, and warpgroup 1 issues its
+// S^T, dP^T after warpgroup 0 (IssueOrder), so that one's softmax gradient runs under the other's products;
+// dK_j, dV_j leave by TMA from shared memory, staged over K_j, V_j. (A two-warpgroup kernel without the
+// producer, bwd_main_kernel, ran head_dim 64 until session 58: docs/sm90_bwd.md.)
 #pragma once
 
 #include <type_traits>
@@ -37,7 +35,7 @@
 #ifndef FLASHATTN_SM90_BWD_UNIFORM_WG
 #define FLASHATTN_SM90_BWD_UNIFORM_WG 1
 #endif
-// Dev switch (producer kernel): warpgroup 1 issues S^T, dP^T after warpgroup 0 has (1), or both at once (0).
+// Dev switch: warpgroup 1 issues S^T, dP^T after warpgroup 0 has (1), or both at once (0).
 #ifndef FLASHATTN_SM90_BWD_PINGPONG
 #define FLASHATTN_SM90_BWD_PINGPONG 1
 #endif
@@ -48,14 +46,14 @@ template <class T, int kHeadDim>
 struct BwdTraits {
   static constexpr sm80::Sm90BwdConfig kConfig = sm80::sm90_bwd_config(kHeadDim);
   static constexpr int kBlockM = kConfig.block_m, kBlockN = sm80::kSm90BwdBlockN;
-  static constexpr bool kProducer = kConfig.producer, kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  // The consumers (the products, the softmax gradient, dQ staged) and, with kProducer, a producer
-  // warpgroup of four warps, each one job: Q, dO (by TMA from lane 0, or cp.async where TMA cannot); lse, D;
-  // the dQ reductions (lane 0); K, V (likewise). setmaxnreg moves registers to the consumers within the 168 a
-  // thread of the launch; ptxas -v at head_dim 128 with 40 + 2 x 232: 44 bytes of spill stores, 52 of loads
-  // (in the SASS the consumers' key_row and t, reloaded 4 times a q-block; at 48 + 2 x 224 the consumers spill
-  // in the products and the kernel read 0.7 of its speed).
-  static constexpr int kConsumerThreads = 256, kThreads = kProducer ? 384 : 256;
+  static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  // The consumers (the products, the softmax gradient, dQ staged) and a producer warpgroup of four warps,
+  // each one job: Q, dO (by TMA from lane 0, or cp.async where TMA cannot); lse, D; the dQ reductions (lane
+  // 0); K, V (likewise). setmaxnreg moves registers to the consumers within the 168 a thread of the launch;
+  // ptxas -v with 40 + 2 x 232: head_dim 128 44 bytes of spill stores, 56 of loads (in the SASS the
+  // consumers' key_row and t, reloaded 4 times a q-block; at 48 + 2 x 224 the consumers spill in the
+  // products and the kernel read 0.7 of its speed); head_dim 64 136 / 160 (24 + 2 x 240: 272 / 288).
+  static constexpr int kConsumerThreads = 256, kThreads = 384;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = (168 * 384 - kProducerRegs * 128) / kConsumerThreads / 8 * 8;
   // dQ_i (block_m x head_dim): warpgroups kDqWgM over the rows (64 each) x the rest over head_dim.
@@ -67,14 +65,14 @@ struct BwdTraits {
   using TileQ = sm80::SmemTile<kBlockM, kHeadDim>;   // Q_i, dO_i: panels of [block_m][64]
   using TileDs = sm80::SmemTile<kBlockN, kBlockM>;   // dS^T: panels of [block_n][64 queries]
   static constexpr uint32_t kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128, kDsPanel = kBlockN * 128;
-  // K, V, 2 x (Q, dO), kDsBufs x dS^T (producer: iteration it's dQ reads its buffer while the other
-  // warpgroup may store it + 1's; the mid barrier of it + 1 orders the reuse at it + 2), 2 x (lse, D), then
+  // K, V, 2 x (Q, dO), 2 x dS^T (iteration it's dQ reads its buffer while the other warpgroup may store
+  // it + 1's; the mid barrier of it + 1 orders the reuse at it + 2), 2 x (lse, D), then
   // dq_stages fp32 dQ staging tiles [block_m][head_dim] in the accumulator's layout (sm80::dq_swizzle),
   // added by 16 bulk reductions (8 rows each at head_dim 64, 4 at 128): 3-10% faster than one per row; 8
-  // about the same, 32 slower (docs/sm90_bwd.md). Then the mbarriers: q_full[2] and, with the producer,
-  // q_empty[2], dq_full[dq_stages], dq_empty[dq_stages], kv_full, kv_empty.
-  static constexpr int kDsBufs = kProducer ? 2 : 1, kDqBulkOps = 16, kDqStages = kConfig.dq_stages;
-  static constexpr int kDqTileFloats = kBlockM * kHeadDim, kBarriers = kProducer ? 6 + 2 * kDqStages : 2;
+  // about the same, 32 slower (docs/sm90_bwd.md). Then the mbarriers: q_full[2], q_empty[2],
+  // dq_full[dq_stages], dq_empty[dq_stages], kv_full, kv_empty.
+  static constexpr int kDsBufs = 2, kDqBulkOps = 16, kDqStages = kConfig.dq_stages;
+  static constexpr int kDqTileFloats = kBlockM * kHeadDim, kBarriers = 6 + 2 * kDqStages;
   static constexpr int kSmemBytes = 2 * TileKV::kBytes + 4 * TileQ::kBytes + kDsBufs * TileDs::kBytes +
                                     4 * kBlockM * 4 + kDqStages * kDqTileFloats * 4 + kBarriers * 8;
   static_assert(kSmemBytes <= 227 * 1024, "the H100's shared memory");
@@ -88,8 +86,8 @@ struct BwdTraits {
 // q-block instead of 256 threads' cp.async: +7-15% at head_dim 64, +2-5% at 128 (docs/sm90_bwd.md).
 struct BwdMaps {
   CUtensorMap q, dout;
-  CUtensorMap k, v;    // the producer kernel's K, V (boxes of 64 columns x block_n rows)
-  CUtensorMap dk, dv;  // dK, dV, stored from shared memory (both kernels)
+  CUtensorMap k, v;    // boxes of 64 columns x block_n rows
+  CUtensorMap dk, dv;  // likewise, stored from shared memory
   int tma;
 };
 
@@ -155,14 +153,6 @@ __device__ __forceinline__ void bulk_reduce_dq_ops(float* dq, uint32_t smem, int
   }
   sm80::bulk_commit();
 }
-// The two-warpgroup kernel's: lane 0 of warp 0 issues the first half, lane 0 of warp 1 the second (+2-4% at
-// head_dim 64 over one lane, even at 128; the sm80 2D kernel read 1-2% slower with it, dev/sm80bwd/NOTES.md).
-template <int kBlockM, int kHeadDim, int kOps>
-__device__ __forceinline__ void bulk_reduce_dq_two_warps(float* dq, uint32_t smem, int rows, int tid) {
-  if (tid == 0) bulk_reduce_dq_ops<kBlockM, kHeadDim, kOps, 0, kOps / 2>(dq, smem, rows);
-  else if (tid == 32) bulk_reduce_dq_ops<kBlockM, kHeadDim, kOps, kOps / 2, kOps / 2>(dq, smem, rows);
-}
-
 // The consumer warpgroups' barrier in the producer kernel (named barrier 1): the producer takes no part.
 struct ConsumerSync {
   static __device__ __forceinline__ void sync() { named_barrier_sync(1, 256); }
@@ -469,146 +459,6 @@ __device__ __forceinline__ void warp_load_tile(T* smem, const T* gmem, int64_t r
 }
 
 // ---------------------------------------------------------------------------------------------
-// The two-warpgroup schedule: iteration it's first barrier (Q_i, dO_i, lse_i, D_i landed; both warpgroups done
-// with it - 1) is followed by the loads of it + 1 and the reductions of dQ_{it - 1}.
-template <class T, int kHeadDim>
-__global__ void __launch_bounds__(256, 1) bwd_main_kernel(const sm80::BwdParams p, const __grid_constant__ BwdMaps maps) {
-  using namespace sm80;
-  using Tr = BwdTraits<T, kHeadDim>;
-  using TileQ = typename Tr::TileQ;
-  constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kThreads = Tr::kThreads;
-  static_assert(!Tr::kProducer && kThreads == 256);
-
-  extern __shared__ __align__(1024) unsigned char smem[];
-  const BwdSmem<T, Tr> sm{smem};
-  uint64_t* q_full = sm.bar();  // [2]: Q_i, dO_i landed (TMA)
-
-  const BwdWork<kBlockM, kBlockN> w(p, int(blockIdx.x));
-  // wg sets this warpgroup's k, v and dS^T descriptors: uniform_warpgroup_index keeps them in uniform registers.
-  const int tid = threadIdx.x, lane = tid % 32, warp_in_wg = (tid / 32) % 4;
-  const int wg = FLASHATTN_SM90_BWD_UNIFORM_WG ? uniform_warpgroup_index() : tid / 128;
-  const int g = lane / 4, t = lane % 4;  // accumulator fragment coordinates (mma.sync's C layout)
-  const BwdSeq& seq = w.seq;
-  const int seqlen_q = seq.seqlen_q, n0 = w.n0, num_iters = w.num_iters;
-  if (n0 >= seq.seqlen_k) return;
-  const bool vectorized = p.vectorized != 0;
-  load_kv_block<T, kBlockN, kHeadDim, kThreads>(sm.k(), sm.v(), p, seq, n0, w.task.head_kv);
-
-  const bool tma = maps.tma != 0;
-  if (tma) {
-    if (tid == 0) {
-      mbar_init(&q_full[0], 1);
-      mbar_init(&q_full[1], 1);
-      mbar_fence_init();
-    }
-    __syncthreads();  // the barriers initialized before any thread's use (racecheck: else a warning each)
-  }
-  const bool whole_head_dim = vectorized && p.head_dim == kHeadDim;
-  auto load_q_block = [&](const QBlockCursor& c, int buf) {
-    const int m0 = c.m_block * kBlockM;
-    T* q = sm.q(buf);
-    T* dout = sm.dout(buf);
-    if (tma) {
-      if (tid == 0) tma_load_q_block<T, Tr>(maps, &q_full[buf], q, dout, seq, c.h, c.m_block);
-    } else {
-      const T* q_tile = static_cast<const T*>(p.q) +
-                        bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, c.h);
-      const T* do_tile = static_cast<const T*>(p.dout) +
-                         bwd_offset(seq, seq.q_start, p.do_batch_stride, p.do_row_stride, p.do_head_stride, m0, c.h);
-      if (whole_head_dim && m0 + kBlockM <= seqlen_q) {
-        load_whole_tile<T, kBlockM, kHeadDim, kThreads>(smem_addr(q), q_tile, p.q_row_stride);
-        load_whole_tile<T, kBlockM, kHeadDim, kThreads>(smem_addr(dout), do_tile, p.do_row_stride);
-      } else {
-        load_tile<T, kBlockM, kHeadDim, kThreads>(q, q_tile, p.q_row_stride, seqlen_q - m0, p.head_dim, vectorized);
-        load_tile<T, kBlockM, kHeadDim, kThreads>(dout, do_tile, p.do_row_stride, seqlen_q - m0, p.head_dim, vectorized);
-      }
-    }
-    load_lse_d<kBlockM>(sm.lse(buf), sm.d(buf), p, seq, c.h, m0);
-  };
-  QBlockCursor cur = w.first;
-  if (num_iters > 0) load_q_block(cur, 0);
-  cp_async_commit();
-
-  // This thread's rows: keys key_row (+ 8) of S^T, dP^T, dK, dV; dQ rows dq_row (+ 8) from column dq_d0.
-  const int key_row = 64 * wg + 16 * warp_in_wg + g;
-  const int dq_m0 = 64 * (wg % Tr::kDqWgM), dq_d0 = Tr::kDqN * (wg / Tr::kDqWgM);
-  const WarpgroupAddrs<T, Tr> a(sm, wg, dq_m0, dq_d0);
-  float acc_dk[kHeadDim / 2], acc_dv[kHeadDim / 2];
-#pragma unroll
-  for (int e = 0; e < kHeadDim / 2; ++e) acc_dk[e] = acc_dv[e] = 0.f;
-
-  const bool bulk_dq = !p.deterministic;
-  float* dq_pending = nullptr;
-  int dq_pending_rows = 0;
-  uint32_t dq_pending_smem = 0;
-  auto issue_pending_dq = [&] {
-    if (bulk_dq) bulk_reduce_dq_two_warps<kBlockM, kHeadDim, Tr::kDqBulkOps>(dq_pending, dq_pending_smem, dq_pending_rows, tid);
-  };
-
-  for (int it = 0; it < num_iters; ++it) {
-    const int buf = it & 1;
-    cp_async_wait<0>();  // lse_i, D_i (and without TMA Q_i, dO_i; K, V at it 0)
-    if (!tma || it == 0) fence_proxy_async_shared();  // generic-proxy writes, before the tensor cores read them
-    __syncthreads();  // lse_i, D_i landed; every warpgroup is done with iteration it - 1
-    issue_pending_dq();
-    QBlockCursor next = cur;
-    next.advance();
-    if (it + 1 < num_iters) load_q_block(next, buf ^ 1);
-    cp_async_commit();
-
-    const int m0 = cur.m_block * kBlockM;
-    const uint32_t q_buf = opaque(a.q + buf * TileQ::kBytes), do_buf = opaque(a.dout + buf * TileQ::kBytes);
-
-    // S^T, dP^T once Q_i and dO_i landed (the buffer's (it / 2)-th load).
-    if (tma) mbar_wait(&q_full[buf], (it >> 1) & 1);
-    float s[kBlockM / 2], dp[kBlockM / 2];
-    issue_s_dp<Tr>(s, dp, opaque(a.k), opaque(a.v), q_buf, do_buf);
-    // Boundary blocks: visible iff lo <= r - c <= hi, r < rows_k, c < cols_q (block coordinates).
-    const BlockBand bb = block_band<kBlockM>(w.mask, seqlen_q, seq.seqlen_k, n0, w.n1, m0);
-    const BandMask band{key_row, 2 * t, bb.lo, bb.hi, seq.seqlen_k - n0, seqlen_q - m0};
-    uint32_t a_p[kBlockM / 16][4], a_ds[kBlockM / 16][4];
-    probs_grads_operands<T, Tr>(s, dp, sm.lse(buf) + 2 * t, sm.d(buf) + 2 * t, p, band,
-                                bb.need_mask, a_p, a_ds);
-    issue_dv_dk<Tr>(acc_dv, acc_dk, a_p, a_ds, q_buf, do_buf);
-    store_ds_t<Tr>(smem_addr(sm.ds(0)), wg, warp_in_wg, a_ds);
-    bulk_wait_read<Tr::kDqStages - 1>();  // the reductions that read this iteration's sDq buffer are done
-    __syncthreads();  // dS^T complete; sDq free
-
-    float acc_dq[Tr::kDqN / 2];
-    dq_product<Tr>(acc_dq, opaque(a.ds), opaque(a.k_dq), acc_dv, acc_dk, a_p, a_ds);
-    const int dq_row = dq_m0 + 16 * warp_in_wg + g;
-    const int64_t ws0 = int64_t(cur.h) * p.rows_q + seq.ws_row + m0;  // the q-block's first accumulator row
-    const int swz = sm80::dq_fragment_swizzle(ws0);                   // rows dq_row and dq_row + 8
-    if (bulk_dq) {  // stage dQ_i; the next iteration's first barrier publishes it to the reductions
-      float* const stage = sm.dq(it % Tr::kDqStages);
-      stage_dq<Tr>(stage, dq_row, dq_d0, t, swz, acc_dq);
-      dq_pending = p.dq_accum + ws0 * kHeadDim;
-      dq_pending_smem = smem_addr(stage);
-      dq_pending_rows = min(kBlockM, seqlen_q - m0);
-    } else {
-      add_dq_ordered<Tr, CtaSync>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block, p.dq_accum + ws0 * kHeadDim,
-                                  seqlen_q - m0, dq_row, dq_d0, t, swz, acc_dq, tid);
-    }
-    cur = next;
-  }
-  cp_async_wait<0>();  // nothing in flight at exit (a k-block that no q-block sees still loads K, V)
-  if (bulk_dq) {
-    __syncthreads();  // the last q-block's sDq is complete
-    issue_pending_dq();
-    bulk_wait_read();  // shared memory must outlive the reads (the convert kernel runs after the grid)
-  }
-
-  // Whole tasks by TMA where it may write every row of the tile (as bwd_ws_kernel), else from registers.
-  if (tma && int(blockIdx.x) < p.tail_begin && (p.cu_seqlens_k == nullptr || n0 + kBlockN <= seq.seqlen_k)) {
-    store_dk_dv_tma<T, Tr, CtaSync>(p, maps, sm.k(), sm.v(), seq, n0, w.task.head_kv, wg, warp_in_wg, tid, acc_dk,
-                                    acc_dv);
-    return;
-  }
-  if (!tail_sum<kThreads>(p, acc_dk, acc_dv, tid)) return;  // a piece of a split task, not the last
-  store_dk_dv<T, Tr>(p, seq, n0, w.task.head_kv, key_row, t, acc_dk, acc_dv);
-}
-
-// ---------------------------------------------------------------------------------------------
 // The producer schedule: warpgroup 2 loads iteration j's q-block once the consumers are done with j - 2
 // (q_full, q_empty) and, from another warp, adds dQ_i once staged (dq_full, dq_empty): a q-block's load never
 // waits for a reduction's reads. The consumers' only barrier is the one before dQ.
@@ -623,7 +473,7 @@ __global__ void __launch_bounds__(384, 1)
   using TileQ = typename Tr::TileQ;
   using Work = BwdWork<Tr::kBlockM, Tr::kBlockN>;
   constexpr int kBlockM = Tr::kBlockM, kDqStages = Tr::kDqStages;
-  static_assert(Tr::kProducer && Tr::kThreads == 384);
+  static_assert(Tr::kThreads == 384);
 
   extern __shared__ __align__(1024) unsigned char smem[];
   const BwdSmem<T, Tr> sm{smem};
@@ -834,13 +684,6 @@ __global__ void __launch_bounds__(384, 1)
     }
     ++n;
   }
-}
-
-// The kernel of the config table's schedule.
-template <class T, int kHeadDim>
-constexpr auto bwd_kernel() {
-  if constexpr (BwdTraits<T, kHeadDim>::kProducer) return &bwd_ws_kernel<T, kHeadDim>;
-  else return &bwd_main_kernel<T, kHeadDim>;
 }
 
 }  // namespace flashattn::cuda::sm90

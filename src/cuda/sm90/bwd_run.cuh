@@ -21,49 +21,40 @@ Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semap
   using Tr = BwdTraits<T, kHeadDim>;
   FA_RETURN_IF_ERROR((sm80::launch_bwd_preprocess<T, kHeadDim>(bp, stream, num_semaphores)));
   if (bp.seqlen_k > 0) {
-    constexpr auto kernel = bwd_kernel<T, kHeadDim>();
+    constexpr auto kernel = &bwd_ws_kernel<T, kHeadDim>;
     FA_RETURN_IF_ERROR(opt_in_shared_memory<kernel>(Tr::kSmemBytes, "flashattn-sm90", "backward", kHeadDim));
     // One grid dimension of tasks (k-block, kv head, batch), the split ones as tail_pieces CTAs each.
     unsigned ctas = 0;
     FA_RETURN_IF_ERROR(sm80::bwd_task_ctas(bp, "flashattn-sm90", &ctas));
-    // Q and dO by TMA where their bases and strides are 16-byte multiples (bp.vectorized) and the driver encodes
-    // the maps; by cp.async otherwise. Varlen: one batch of total_q packed rows (a sequence's last q-block reads
-    // the next one's first rows, masked like rows past seqlen_q).
+    // Q, dO, K, V and dK, dV by TMA where their bases and strides are 16-byte multiples (bp.vectorized) and the
+    // driver encodes the maps; by cp.async and register stores otherwise. Varlen: one batch of total_q (total_k)
+    // packed rows (a sequence's last q-block (k-block) reads the next one's first rows, masked like rows past
+    // seqlen_q (seqlen_k); such a k-block stores its dK, dV from registers).
     BwdMaps maps{};
     if (bp.vectorized) {
       const bool varlen = bp.cu_seqlens_q != nullptr;
-      const int64_t rows = varlen ? bp.rows_q : bp.seqlen_q;
+      const int64_t rows = varlen ? bp.rows_q : bp.seqlen_q, rows_k = varlen ? bp.rows_k : bp.seqlen_k;
       const int batch = varlen ? 1 : bp.batch;
-      maps.tma = make_tensor_map(&maps.q, bp.q, Tr::kBf16, bp.head_dim, rows, bp.num_heads, batch, bp.q_row_stride,
-                                 bp.q_head_stride, bp.q_batch_stride, Tr::kBlockM).ok() &&
-                 make_tensor_map(&maps.dout, bp.dout, Tr::kBf16, bp.head_dim, rows, bp.num_heads, batch,
-                                 bp.do_row_stride, bp.do_head_stride, bp.do_batch_stride, Tr::kBlockM).ok();
-      // dK, dV (stored from shared memory by both kernels) and the producer kernel's K, V (varlen: a k-block
-      // past its sequence reads the next one's keys, masked like keys past seqlen_k).
-      const int64_t rows_k = varlen ? bp.rows_k : bp.seqlen_k;
-      maps.tma = maps.tma &&
-                 make_tensor_map(&maps.dk, bp.dk, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
-                                 bp.dk_row_stride, bp.dk_head_stride, bp.dk_batch_stride, Tr::kBlockN).ok() &&
-                 make_tensor_map(&maps.dv, bp.dv, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
-                                 bp.dv_row_stride, bp.dv_head_stride, bp.dv_batch_stride, Tr::kBlockN).ok();
-      if constexpr (Tr::kProducer)
-        maps.tma = maps.tma &&
-                   make_tensor_map(&maps.k, bp.k, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
-                                   bp.k_row_stride, bp.k_head_stride, bp.k_batch_stride, Tr::kBlockN).ok() &&
-                   make_tensor_map(&maps.v, bp.v, Tr::kBf16, bp.head_dim, rows_k, bp.num_heads_kv, batch,
-                                   bp.v_row_stride, bp.v_head_stride, bp.v_batch_stride, Tr::kBlockN).ok();
+      auto map = [&](CUtensorMap* m, const void* base, int64_t rows_, int heads, int64_t row_stride,
+                     int64_t head_stride, int64_t batch_stride, int box_rows) {
+        return make_tensor_map(m, base, Tr::kBf16, bp.head_dim, rows_, heads, batch, row_stride, head_stride,
+                               batch_stride, box_rows).ok();
+      };
+      const int hq = bp.num_heads, hk = bp.num_heads_kv, bm = Tr::kBlockM, bn = Tr::kBlockN;
+      maps.tma = map(&maps.q, bp.q, rows, hq, bp.q_row_stride, bp.q_head_stride, bp.q_batch_stride, bm) &&
+                 map(&maps.dout, bp.dout, rows, hq, bp.do_row_stride, bp.do_head_stride, bp.do_batch_stride, bm) &&
+                 map(&maps.k, bp.k, rows_k, hk, bp.k_row_stride, bp.k_head_stride, bp.k_batch_stride, bn) &&
+                 map(&maps.v, bp.v, rows_k, hk, bp.v_row_stride, bp.v_head_stride, bp.v_batch_stride, bn) &&
+                 map(&maps.dk, bp.dk, rows_k, hk, bp.dk_row_stride, bp.dk_head_stride, bp.dk_batch_stride, bn) &&
+                 map(&maps.dv, bp.dv, rows_k, hk, bp.dv_row_stride, bp.dv_head_stride, bp.dv_batch_stride, bn);
     }
-    if constexpr (Tr::kProducer) {
-      unsigned grid = ctas;
-      if constexpr (FLASHATTN_SM90_BWD_PERSISTENT) {
-        cuda::DeviceInfo dev;
-        FA_RETURN_IF_ERROR(cuda::device_info(&dev));
-        grid = std::min(ctas, unsigned(dev.num_sms));
-      }
-      kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp, maps, int(ctas));
-    } else {
-      kernel<<<ctas, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp, maps);
+    unsigned grid = ctas;
+    if constexpr (FLASHATTN_SM90_BWD_PERSISTENT) {
+      cuda::DeviceInfo dev;
+      FA_RETURN_IF_ERROR(cuda::device_info(&dev));
+      grid = std::min(ctas, unsigned(dev.num_sms));
     }
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp, maps, int(ctas));
     FA_CUDA_CHECK_LAUNCH("sm90 backward main");
   }
   return sm80::launch_bwd_convert_dq<T, kHeadDim>(bp, stream);
