@@ -3,9 +3,9 @@
 // (sm80/bwd_kernel_2d.cuh), with every product a warpgroup MMA instead of mma.sync + ldmatrix.
 //
 // One CTA per (k-block of 128 keys, kv head, batch); two consumer warpgroups, warpgroup w owning keys
-// 64 w .. 64 w + 63 of the block, and a producer warpgroup. Per q-block i (Q_i, dO_i double-buffered by TMA, or by cp.async where
-// TMA cannot read them; lse_i, D_i; all into the 128-byte-swizzled SmemTile layout, which is wgmma's
-// canonical K-major layout):
+// 64 w .. 64 w + 63 of the block, and a producer warpgroup. Per q-block i (Q_i, dO_i double-buffered by
+// TMA, or by cp.async where TMA cannot read them; lse_i, D_i; all into the 128-byte-swizzled SmemTile
+// layout, which is wgmma's canonical K-major layout):
 //   S^T  = K_w Q_i^T     (64 x block_m)   A = K_w, B = Q_i       both K-major in shared memory
 //   dP^T = V_w dO_i^T    (64 x block_m)   A = V_w, B = dO_i
 //   P^T, dS^T in registers (sm80::probs_and_grads on the accumulator layout, which is mma.sync's)
@@ -382,16 +382,16 @@ __device__ __forceinline__ void store_dk_dv(const sm80::BwdParams& p, const sm80
   }
 }
 
-// dK_j * softmax_scale and dV_j through shared memory: both warpgroups done with K, V (Sync first), each stages
+// dK_j * softmax_scale and dV_j through shared memory: both warpgroups done with K, V (first barrier), each stages
 // its keys' rows over them in the tiles' layout (stmatrix, as dS^T), and one thread stores the tiles by TMA, then
 // waits until they are read (K, V's next load must not overwrite them). Rows past the tensor are not written;
 // a varlen k-block that ends past its sequence would write the next one's rows, so it stores from registers.
-template <class T, class Tr, class Sync>
+template <class T, class Tr>
 __device__ __forceinline__ void store_dk_dv_tma(const sm80::BwdParams& p, const BwdMaps& maps, T* sk, T* sv,
                                                 const sm80::BwdSeq& seq, int n0, int head_kv, int wg,
                                                 int warp_in_wg, int tid, const float (&acc_dk)[Tr::kDim / 2],
                                                 const float (&acc_dv)[Tr::kDim / 2]) {
-  Sync::sync();  // every dQ product has read K
+  ConsumerSync::sync();  // every dQ product has read K
   uint32_t lane_v;
   asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane_v));
   const int row_t = 64 * wg + 16 * warp_in_wg + lane_v % 16;
@@ -408,7 +408,7 @@ __device__ __forceinline__ void store_dk_dv_tma(const sm80::BwdParams& p, const 
                 sm80::pack2<T>(v8[4], v8[5]), sm80::pack2<T>(v8[6], v8[7]));
   }
   sm80::fence_proxy_async_shared();  // written by the generic proxy, read by the TMA
-  Sync::sync();
+  ConsumerSync::sync();
   if (tid == 0) {
     const int row = int(seq.k_start) + n0, batch = int(seq.batch_q);
 #pragma unroll
@@ -674,8 +674,8 @@ __global__ void __launch_bounds__(384, 1)
     // keys against 64 four-byte stores a thread; skipping the stores (a diagnostic) read only 1-6% more at 512-2k.
     const bool by_tma = tma && cta < p.tail_begin && (p.cu_seqlens_k == nullptr || n0 + Tr::kBlockN <= seq.seqlen_k);
     if (by_tma) {
-      store_dk_dv_tma<T, Tr, ConsumerSync>(p, maps, sm.k(), sm.v(), seq, n0, w.task.head_kv, int(opaque(wg)),
-                                           int(opaque(warp_in_wg)), tid_e, acc_dk, acc_dv);
+      store_dk_dv_tma<T, Tr>(p, maps, sm.k(), sm.v(), seq, n0, w.task.head_kv, int(opaque(wg)),
+                             int(opaque(warp_in_wg)), tid_e, acc_dk, acc_dv);
       mbar_arrive(kv_empty);  // (thread 0 once its stores have read K, V's tiles)
     } else {
       mbar_arrive(kv_empty);  // this thread's products are done with K, V (the last dQ product waited for)
