@@ -670,7 +670,7 @@ __global__ void __launch_bounds__(384, 1)
     // move: the addresses computed from them are the same for every task, and hoisted out of the task loop they
     // would stay live through the q-block loop (312 bytes of spills at 232 registers).
     const int tid_e = int(opaque(tid)), key_row_e = int(opaque(key_row)), t_e = int(opaque(t));
-    // Whole tasks (not a split task's pieces) by TMA where it may write every row of the tile: +3-15% at 512-16k
+    // Whole tasks (not a split task's pieces) by TMA where it may write every row of the tile: +2-15% at 512-16k
     // keys against 64 four-byte stores a thread; skipping the stores (a diagnostic) read at most 6% more at 512-2k.
     const bool by_tma = tma && cta < p.tail_begin && (p.cu_seqlens_k == nullptr || n0 + Tr::kBlockN <= seq.seqlen_k);
     if (by_tma) {
