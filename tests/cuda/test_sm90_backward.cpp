@@ -49,7 +49,7 @@ std::vector<Case> sm90_backward_cases() {
       c.causal = d == 40;
       out.push_back(c);
     }
-    for (int d : {64, 128}) {  // (head_dim 128: the producer warpgroup's cp.async paths and its K, V maps)
+    for (int d : {64, 128}) {  // (the producer warpgroup's cp.async paths; its K, V, dK, dV maps)
       c = make_case(dt, 1, 130, 140, 2, 2, d);  // strides not a multiple of 8: element-wise loads and stores
       c.row_padding = 3;
       out.push_back(c);
