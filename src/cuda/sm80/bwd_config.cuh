@@ -117,9 +117,9 @@ constexpr BwdConfig bwd_config(int kernel_head_dim) {
 // 64 keys each; block_m per head_dim (S^T, dP^T of 64 x block_m and dK, dV of 64 x head_dim per
 // warpgroup in registers: (2 * block_m + 2 * head_dim) / 2 accumulators a thread, 192 at both).
 // dq_stages: dQ staging tiles in shared memory (2: iteration i stages while the reductions of i - 1
-// still read the other; head_dim 128 +2.5% on average; head_dim 64 0.97-1.0 with the producer, session 58).
+// still read the other; head_dim 128 +2.5% on average; head_dim 64 0.98-1.0 with the producer, session 58).
 // Every head_dim runs with a producer warpgroup (loads, dQ's reductions; bwd_ws_kernel): +8-14% at
-// head_dim 128 when it came, and +2-5% at 64 without a mask (0.99-1.03 causal) once K, V came from it and
+// head_dim 128 when it came, and +2.6-4.5% at 64 without a mask (0.99-1.03 causal) once K, V came from it and
 // dK, dV left by TMA (session 58, docs/sm90_bwd.md).
 // It shares BwdParams, the workspace and the row kernels with the sm80 backward.
 struct Sm90BwdConfig {
