@@ -126,15 +126,16 @@ struct Sm90BwdConfig {
   int head_dim;
   int block_m;
   int dq_stages;
+  int producer_regs;  // setmaxnreg's for the producer; the consumers get the rest (d64: 240, d128: 232)
 };
-constexpr Sm90BwdConfig kSm90BwdConfigs[] = {{64, 128, 1}, {128, 64, 2}};
+constexpr Sm90BwdConfig kSm90BwdConfigs[] = {{64, 128, 1, 24}, {128, 64, 2, 40}};
 constexpr int kSm90BwdBlockN = 128;
 
 // The Hopper kernel's configuration for this kernel head_dim, block_m 0 when it has none.
 constexpr Sm90BwdConfig sm90_bwd_config(int kernel_head_dim) {
   for (const Sm90BwdConfig& c : kSm90BwdConfigs)
     if (c.head_dim == kernel_head_dim) return c;
-  return {kernel_head_dim, 0, 0};
+  return {kernel_head_dim, 0, 0, 0};
 }
 
 // What the three backward kernels read. Strides are in elements, 64-bit.

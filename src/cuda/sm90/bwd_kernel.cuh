@@ -49,12 +49,13 @@ struct BwdTraits {
   static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   // The consumers (the products, the softmax gradient, dQ staged) and a producer warpgroup of four warps,
   // each one job: Q, dO (by TMA from lane 0, or cp.async where TMA cannot); lse, D; the dQ reductions (lane
-  // 0); K, V (likewise). setmaxnreg moves registers to the consumers within the 168 a thread of the launch;
-  // ptxas -v with 40 + 2 x 232: head_dim 128 44 bytes of spill stores, 56 of loads (in the SASS the
-  // consumers' key_row and t, reloaded 4 times a q-block; at 48 + 2 x 224 the consumers spill in the
-  // products and the kernel read 0.7 of its speed); head_dim 64 136 / 160 (24 + 2 x 240: 272 / 288).
+  // 0); K, V (likewise). setmaxnreg moves registers to the consumers within the 168 a thread of the launch
+  // (the config's producer_regs; ptxas -v): head_dim 128 at 40 + 2 x 232 spills 44 bytes, loads 56 (in the
+  // SASS the consumers' key_row and t, reloaded 4 times a q-block; at 48 + 2 x 224 the consumers spill in the
+  // products and the kernel read 0.7 of its speed; at 24 + 2 x 240 it read 0.95-0.97); head_dim 64 at 24 +
+  // 2 x 240 272 / 288 (at 40 + 2 x 232 136 / 160, and 2-7% slower).
   static constexpr int kConsumerThreads = 256, kThreads = 384;
-  static constexpr int kProducerRegs = 40;
+  static constexpr int kProducerRegs = kConfig.producer_regs;
   static constexpr int kConsumerRegs = (168 * 384 - kProducerRegs * 128) / kConsumerThreads / 8 * 8;
   // dQ_i (block_m x head_dim): warpgroups kDqWgM over the rows (64 each) x the rest over head_dim.
   static constexpr int kDqWgM = kBlockM / 64, kDqN = kHeadDim / (2 / kDqWgM), kHeadDimSteps = kHeadDim / 16;
