@@ -120,13 +120,14 @@ constexpr BwdConfig bwd_config(int kernel_head_dim) {
 // still read the other; head_dim 128 +2.5% on average; head_dim 64 0.98-1.0 with the producer, session 58).
 // Every head_dim runs with a producer warpgroup (loads, dQ's reductions; bwd_ws_kernel): +8-14% at
 // head_dim 128 when it came, and +2.6-4.5% at 64 without a mask (0.99-1.03 causal) once K, V came from it and
-// dK, dV left by TMA (session 58, docs/sm90_bwd.md).
+// dK, dV left by TMA (session 58, docs/sm90_bwd.md). producer_regs: the producer's setmaxnreg (24 at head_dim 64:
+// +1-7% over 40, session 59; 40 at 128, where 24 read 0.95-0.97).
 // It shares BwdParams, the workspace and the row kernels with the sm80 backward.
 struct Sm90BwdConfig {
   int head_dim;
   int block_m;
   int dq_stages;
-  int producer_regs;  // setmaxnreg's for the producer; the consumers get the rest (d64: 240, d128: 232)
+  int producer_regs;  // the producer's registers; the consumers get the rest (d64: 240, d128: 232)
 };
 constexpr Sm90BwdConfig kSm90BwdConfigs[] = {{64, 128, 1, 24}, {128, 64, 2, 40}};
 constexpr int kSm90BwdBlockN = 128;

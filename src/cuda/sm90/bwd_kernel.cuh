@@ -53,7 +53,7 @@ struct BwdTraits {
   // (the config's producer_regs; ptxas -v): head_dim 128 at 40 + 2 x 232 spills 44 bytes, loads 56 (in the
   // SASS the consumers' key_row and t, reloaded 4 times a q-block; at 48 + 2 x 224 the consumers spill in the
   // products and the kernel read 0.7 of its speed; at 24 + 2 x 240 it read 0.95-0.97); head_dim 64 at 24 +
-  // 2 x 240 272 / 288 (at 40 + 2 x 232 136 / 160, and 2-7% slower).
+  // 2 x 240 272 / 288 (at 40 + 2 x 232 136 / 160, and 1-7% slower: session 59).
   static constexpr int kConsumerThreads = 256, kThreads = 384;
   static constexpr int kProducerRegs = kConfig.producer_regs;
   static constexpr int kConsumerRegs = (168 * 384 - kProducerRegs * 128) / kConsumerThreads / 8 * 8;
