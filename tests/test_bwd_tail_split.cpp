@@ -11,6 +11,7 @@ using flashattn::sm80::tail_split;
 using flashattn::sm80::TailSplit;
 
 constexpr int kSms = 132, kBlockN = 128;
+constexpr double kCost = 3;  // the sm80 kernel's piece cost, in iterations
 
 fa_params problem(int batch, int seqlen, int heads, int heads_kv) {
   fa_params p;
@@ -20,15 +21,15 @@ fa_params problem(int batch, int seqlen, int heads, int heads_kv) {
   return p;
 }
 
-// ceil(R P / W) (I / P + 3): the model's cost of the split tail, in iterations.
+// ceil(R P / W) (I / P + C): the model's cost of the split tail, in iterations.
 double cost(const TailSplit& t, int iters) {
-  if (t.split == 0) return iters + 3.0;
-  return double((int64_t(t.split) * t.pieces + kSms - 1) / kSms) * (double(iters) / t.pieces + 3.0);
+  if (t.split == 0) return iters + kCost;
+  return double((int64_t(t.split) * t.pieces + kSms - 1) / kSms) * (double(iters) / t.pieces + kCost);
 }
 
 TEST(BwdTailSplit, SweepShapesSplitTheirLastWave) {
   // d128 (block_m 64): 2048 tasks at every seqlen of the sweep, 68 past 15 whole waves.
-  const TailSplit t = tail_split(problem(1, 16384, 16, 16), 64, kBlockN, true, kSms);
+  const TailSplit t = tail_split(problem(1, 16384, 16, 16), 64, kBlockN, true, kSms, kCost);
   EXPECT_EQ(t.tasks, 2048);
   EXPECT_EQ(t.split, 2048 % kSms);
   EXPECT_GT(t.pieces, 1);
@@ -37,7 +38,7 @@ TEST(BwdTailSplit, SweepShapesSplitTheirLastWave) {
   for (int pieces = 2; pieces <= 64; ++pieces)
     EXPECT_GE(cost(TailSplit{2048, 68, pieces}, 256), cost(t, 256)) << pieces;
   // d64 (block_m 128): 4096 tasks, 4 past 31 waves: many small pieces in one round.
-  const TailSplit d64 = tail_split(problem(1, 16384, 32, 32), 128, kBlockN, true, kSms);
+  const TailSplit d64 = tail_split(problem(1, 16384, 32, 32), 128, kBlockN, true, kSms, kCost);
   EXPECT_EQ(d64.split, 4096 % kSms);
   EXPECT_LE(int64_t(d64.split) * d64.pieces, kSms);
   EXPECT_GE(d64.pieces, 16);
@@ -45,40 +46,53 @@ TEST(BwdTailSplit, SweepShapesSplitTheirLastWave) {
 
 TEST(BwdTailSplit, ShortTasksStayWhole) {
   // 512 keys at d128: 8 iterations a task; pieces would cost more than the tail.
-  EXPECT_EQ(tail_split(problem(32, 512, 16, 16), 64, kBlockN, true, kSms).split, 0);
+  EXPECT_EQ(tail_split(problem(32, 512, 16, 16), 64, kBlockN, true, kSms, kCost).split, 0);
   // Whole waves: nothing to split.
-  EXPECT_EQ(tail_split(problem(1, 16384, 33, 33), 64, kBlockN, true, kSms).split, 0);
+  EXPECT_EQ(tail_split(problem(1, 16384, 33, 33), 64, kBlockN, true, kSms, kCost).split, 0);
+}
+
+TEST(BwdTailSplit, APieceCostlierThanAFifthOfATaskKeepsItWhole) {
+  // d128 1k: 2048 tasks of 16 iterations, 68 past 15 waves. At 3 iterations a piece, 3 pieces of 5-6
+  // (2 rounds of 8.3 against 19); at the Hopper kernel's 8 the whole task (24) beats every split (3 pieces:
+  // 26.7). 2k (32 iterations): both split, in 3 pieces (2 rounds of 18.7 against 40 at 8).
+  const fa_params k1 = problem(16, 1024, 16, 16), k2 = problem(8, 2048, 16, 16);
+  EXPECT_EQ(tail_split(k1, 64, kBlockN, true, kSms, 3).pieces, 3);
+  EXPECT_EQ(tail_split(k1, 64, kBlockN, true, kSms, 8).split, 0);
+  EXPECT_EQ(tail_split(k2, 64, kBlockN, true, kSms, 3).pieces, 3);
+  const TailSplit t = tail_split(k2, 64, kBlockN, true, kSms, 8);
+  EXPECT_EQ(t.split, 68);
+  EXPECT_EQ(t.pieces, 3);
 }
 
 TEST(BwdTailSplit, OnlyUnmaskedFixedLengthNonDeterministic) {
   const fa_params base = problem(1, 16384, 16, 16);
-  ASSERT_GT(tail_split(base, 64, kBlockN, true, kSms).split, 0);
+  ASSERT_GT(tail_split(base, 64, kBlockN, true, kSms, kCost).split, 0);
   fa_params p = base;
   p.causal = 1;
-  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms).split, 0);
+  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms, kCost).split, 0);
   p = base, p.window_left = 1000;
-  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms).split, 0);
+  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms, kCost).split, 0);
   p = base, p.deterministic = 1;
-  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms).split, 0);
+  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms, kCost).split, 0);
   const int32_t cu[2] = {0, 16384};
   p = base, p.cu_seqlens_q = p.cu_seqlens_k = cu;
-  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms).split, 0);
-  EXPECT_EQ(tail_split(base, 64, kBlockN, false, kSms).split, 0);  // a kernel without pieces
-  EXPECT_EQ(tail_split(base, 64, kBlockN, true, 0).split, 0);      // SM count unknown
+  EXPECT_EQ(tail_split(p, 64, kBlockN, true, kSms, kCost).split, 0);
+  EXPECT_EQ(tail_split(base, 64, kBlockN, false, kSms, kCost).split, 0);  // a kernel without pieces
+  EXPECT_EQ(tail_split(base, 64, kBlockN, true, 0, kCost).split, 0);      // SM count unknown
 }
 
 TEST(BwdTailSplit, GqaCountsTasksPerKvHead) {
   // 8 query heads on 2 kv heads: tasks are per kv head, iterations cover the group.
-  const TailSplit t = tail_split(problem(1, 1000, 8, 2), 64, kBlockN, true, kSms);
+  const TailSplit t = tail_split(problem(1, 1000, 8, 2), 64, kBlockN, true, kSms, kCost);
   EXPECT_EQ(t.tasks, 8 * 2);
   EXPECT_EQ(t.split, 16);
   EXPECT_EQ(t.pieces, 8);  // 4 x 16 = 64 iterations: 8 pieces of 8 in one round of 128 CTAs
 }
 
 TEST(BwdTailSplit, EmptyAndHugeProblems) {
-  EXPECT_EQ(tail_split(problem(1, 0, 16, 16), 64, kBlockN, true, kSms).split, 0);
+  EXPECT_EQ(tail_split(problem(1, 0, 16, 16), 64, kBlockN, true, kSms, kCost).split, 0);
   // More tasks than the kernels' 32-bit piece arithmetic allows: whole tasks.
-  EXPECT_EQ(tail_split(problem(1 << 20, 16384, 16, 16), 64, kBlockN, true, kSms).split, 0);
+  EXPECT_EQ(tail_split(problem(1 << 20, 16384, 16, 16), 64, kBlockN, true, kSms, kCost).split, 0);
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // The last round's split of equal tasks (plain C++: the CPU tests check it). T tasks of I iterations each
 // on W SMs, one CTA at a time per SM, run in rounds, and the last R = T mod W tasks run while the other
 // SMs idle. Two ways to spread them:
-//   last_round_split: P pieces of I / P iterations each, ceil(R P / W) rounds of I / P + kPieceCost
-//     instead of one of I + kPieceCost (kPieceCost: a CTA's own cost in iterations: its loads, the
-//     pipeline's start and end, the pieces' partial results). Both backwards (k-block tasks over
-//     q-blocks, sm80/bwd_tail_split.hpp).
+//   last_round_split: P pieces of I / P iterations each, ceil(R P / W) rounds of I / P + C instead of
+//     one of I + C (C, piece_cost: a CTA's own cost in iterations: its loads, the pipeline's start and
+//     end, the pieces' partial results; the kernel's). Both backwards (k-block tasks over q-blocks,
+//     sm80/bwd_tail_split.hpp).
 //   tail_stream: the R I iterations as one stream cut into S <= W equal segments, one per CTA (stream-K):
 //     R I / S iterations a CTA, whatever R; a segment holds a piece of one task or of two. The Hopper
 //     forward (q tiles over key blocks, sm90/launch_template.cuh).
@@ -49,15 +49,15 @@ struct LastRoundSplit {
 };
 
 // max_pieces caps P (e.g. at I, or at W / R for a single round).
-inline LastRoundSplit last_round_split(int64_t tasks, int64_t iters, int num_sms, int64_t max_pieces) {
-  constexpr double kPieceCost = 3;
+inline LastRoundSplit last_round_split(int64_t tasks, int64_t iters, int num_sms, int64_t max_pieces,
+                                       double piece_cost) {
   LastRoundSplit s;
   if (num_sms <= 0 || tasks <= 0 || iters <= 0) return s;
   const int rest = int(tasks % num_sms);
-  double best = double(iters) + kPieceCost;
+  double best = double(iters) + piece_cost;
   for (int pieces = 2; pieces <= std::min<int64_t>(iters, max_pieces); ++pieces) {
     const double rounds = double((int64_t(rest) * pieces + num_sms - 1) / num_sms);
-    const double cost = rounds * (double(iters) / pieces + kPieceCost);
+    const double cost = rounds * (double(iters) / pieces + piece_cost);
     if (cost < best) best = cost, s.split = rest, s.pieces = pieces;
   }
   return s;

@@ -131,6 +131,10 @@ struct Sm90BwdConfig {
 };
 constexpr Sm90BwdConfig kSm90BwdConfigs[] = {{64, 128, 1, 24}, {128, 64, 2, 40}};
 constexpr int kSm90BwdBlockN = 128;
+// A CTA's own cost in q-block iterations, in the last wave's split (bwd_tail_split.hpp): the sm80 2D kernel's
+// from session 19; the Hopper kernel's from session 59 (8 leaves 16-iteration tasks whole: d128 1k +1.5%
+// against 3, which split them in 3 pieces; even at 2k-16k, where both split; H200).
+constexpr double kBwdPieceCost = 3, kSm90BwdPieceCost = 8;
 
 // The Hopper kernel's configuration for this kernel head_dim, block_m 0 when it has none.
 constexpr Sm90BwdConfig sm90_bwd_config(int kernel_head_dim) {

@@ -95,7 +95,8 @@ BwdWorkspace workspace_layout(const fa_params& p, bool hopper, int num_sms) {
   w.num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
   w.num_semaphores = p.deterministic ? p.batch * p.num_heads * w.num_m_blocks * split_d : 0;
   w.block_n = hopper ? kSm90BwdBlockN : c.block_n;
-  w.tail = tail_split(p, block_m, w.block_n, hopper || c.layout == 1, num_sms);
+  w.tail = tail_split(p, block_m, w.block_n, hopper || c.layout == 1, num_sms,
+                      hopper ? kSm90BwdPieceCost : kBwdPieceCost);
   w.tail_floats = int64_t(w.tail.split) * 2 * w.block_n * w.kernel_head_dim;
   w.d_sum = 0;
   w.dq_accum = align256(sizeof(float) * size_t(p.num_heads) * size_t(w.rows_q));

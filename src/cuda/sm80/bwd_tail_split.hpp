@@ -19,7 +19,9 @@ struct TailSplit {
 };
 
 // splittable: the main kernel can run pieces (the sm80 2D and the Hopper kernels). num_sms <= 0: no split.
-inline TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool splittable, int num_sms) {
+// piece_cost: a CTA's own cost in q-block iterations (the kernel's, bwd_config.cuh).
+inline TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool splittable, int num_sms,
+                            double piece_cost) {
   TailSplit t;
   const int64_t tasks = int64_t((p.seqlen_k + block_n - 1) / block_n) * p.num_heads_kv * p.batch;
   t.tasks = int32_t(std::min<int64_t>(tasks, INT32_MAX));
@@ -27,7 +29,7 @@ inline TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool s
   // (The kernels compute a piece's range in 32 bits: 64 * iters < 2^31.)
   if (!splittable || p.deterministic || !equal_tasks(p) || num_sms <= 0 || tasks > INT32_MAX / 64 || iters > INT32_MAX / 64)
     return t;
-  const LastRoundSplit s = last_round_split(tasks, iters, num_sms, 64);
+  const LastRoundSplit s = last_round_split(tasks, iters, num_sms, 64, piece_cost);
   t.split = s.split, t.pieces = s.pieces;
   return t;
 }
