@@ -334,7 +334,7 @@ __device__ __forceinline__ void stage_dq(float* tile, int dq_row, int dq_d0, int
 
 // Deterministic: dQ_i added by atomics in k-block order (the q-block's semaphore counts the k-blocks done);
 // acc_rows: its accumulator rows, valid rows m0 .. seqlen_q - 1.
-template <class Tr, class Sync>
+template <class Tr>
 __device__ __forceinline__ void add_dq_ordered(const sm80::BwdParams& p, const Mask& mask, int b, int h, int m_block,
                                                int n_block, float* acc_rows, int rows_valid, int dq_row, int dq_d0,
                                                int t, int swz, const float (&acc_dq)[Tr::kDqN / 2], int tid) {
@@ -343,7 +343,7 @@ __device__ __forceinline__ void add_dq_ordered(const sm80::BwdParams& p, const M
   if (tid == 0)
     while (sm80::ld_acquire(semaphore) != expected) {
     }
-  Sync::sync();
+  ConsumerSync::sync();
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = dq_row + 8 * i;
@@ -354,7 +354,7 @@ __device__ __forceinline__ void add_dq_ordered(const sm80::BwdParams& p, const M
       sm80::atomic_add2(dst + ((dq_d0 + n * 8) ^ swz), acc_dq[4 * n + 2 * i], acc_dq[4 * n + 2 * i + 1]);
   }
   __threadfence();
-  Sync::sync();
+  ConsumerSync::sync();
   if (tid == 0) atomicAdd(semaphore, 1);
 }
 
@@ -661,7 +661,7 @@ __global__ void __launch_bounds__(384, 1)
         stage_dq<Tr>(sm.dq(stage), dq_row, dq_d0, t, swz, acc_dq);
         mbar_arrive(&dq_full[stage]);
       } else {
-        add_dq_ordered<Tr, ConsumerSync>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block,
+        add_dq_ordered<Tr>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block,
                                          p.dq_accum + ws0 * kHeadDim, seqlen_q - m0, dq_row, dq_d0, t, swz, acc_dq,
                                          tid);
       }
