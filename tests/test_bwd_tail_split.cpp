@@ -7,6 +7,7 @@
 
 namespace {
 
+using flashattn::sm80::persistent_tasks;
 using flashattn::sm80::tail_split;
 using flashattn::sm80::TailSplit;
 
@@ -93,6 +94,29 @@ TEST(BwdTailSplit, EmptyAndHugeProblems) {
   EXPECT_EQ(tail_split(problem(1, 0, 16, 16), 64, kBlockN, true, kSms, kCost).split, 0);
   // More tasks than the kernels' 32-bit piece arithmetic allows: whole tasks.
   EXPECT_EQ(tail_split(problem(1 << 20, 16384, 16, 16), 64, kBlockN, true, kSms, kCost).split, 0);
+}
+
+// The Hopper kernel's persistent grid: equal tasks of at most 16 q-block iterations (its threshold), counted over
+// the group's query heads.
+TEST(BwdPersistentTasks, ShortEqualTasksOnly) {
+  EXPECT_TRUE(persistent_tasks(problem(32, 1024, 32, 32), 128, 16));   // d64 1k: 8 iterations
+  EXPECT_TRUE(persistent_tasks(problem(16, 1024, 16, 16), 64, 16));    // d128 1k: 16
+  EXPECT_FALSE(persistent_tasks(problem(8, 2048, 16, 16), 64, 16));    // d128 2k: 32
+  EXPECT_FALSE(persistent_tasks(problem(16, 1024, 16, 4), 64, 16));    // a group of 4: 64
+  EXPECT_TRUE(persistent_tasks(problem(1, 1, 16, 16), 64, 16));        // one query
+  EXPECT_FALSE(persistent_tasks(problem(16, 1024, 16, 16), 64, 0));    // threshold 0: never
+  const fa_params base = problem(16, 1000, 16, 16);
+  ASSERT_TRUE(persistent_tasks(base, 64, 16));
+  fa_params p = base;
+  p.causal = 1;
+  EXPECT_FALSE(persistent_tasks(p, 64, 16));
+  p = base, p.window_left = 100;
+  EXPECT_FALSE(persistent_tasks(p, 64, 16));
+  p = base, p.deterministic = 1;
+  EXPECT_FALSE(persistent_tasks(p, 64, 16));
+  const int32_t cu[2] = {0, 1000};
+  p = base, p.cu_seqlens_q = p.cu_seqlens_k = cu;
+  EXPECT_FALSE(persistent_tasks(p, 64, 16));
 }
 
 }  // namespace

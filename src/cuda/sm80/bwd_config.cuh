@@ -135,6 +135,13 @@ constexpr int kSm90BwdBlockN = 128;
 // from session 19; the Hopper kernel's from session 59 (8 leaves 16-iteration tasks whole: d128 1k +1.5%
 // against 3, which split them in 3 pieces; even at 2k-16k, where both split; H200).
 constexpr double kBwdPieceCost = 3, kSm90BwdPieceCost = 8;
+// The Hopper kernel's persistent grid (bwd_tail_split.hpp, persistent_tasks) for equal tasks of at most this
+// many q-block iterations: d64 512 / 1k keys +6-8 / +4%, d128 1k +1% (16 iterations); at 32 (d128 2k, d64
+// 4k) 0.97-1.02 (session 60, H200). FLASHATTN_SM90_BWD_PERSISTENT overrides it (0: always the task grid).
+#ifndef FLASHATTN_SM90_BWD_PERSISTENT
+#define FLASHATTN_SM90_BWD_PERSISTENT 16
+#endif
+constexpr int kSm90BwdPersistentIters = FLASHATTN_SM90_BWD_PERSISTENT;
 
 // The Hopper kernel's configuration for this kernel head_dim, block_m 0 when it has none.
 constexpr Sm90BwdConfig sm90_bwd_config(int kernel_head_dim) {
@@ -186,6 +193,7 @@ struct BwdParams {
   float* tail_dkv;       // (tail_tasks, 2 block_n head_dim) fp32, zeroed by the preprocess
   int32_t* tail_done;    // (tail_tasks) pieces finished, zeroed by the preprocess
   int64_t tail_floats;   // tail_dkv's size
+  int32_t persistent;    // the Hopper kernel: a CTA an SM running the tasks in turn (persistent_tasks)
 };
 
 }  // namespace flashattn::sm80

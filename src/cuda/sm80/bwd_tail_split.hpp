@@ -34,4 +34,15 @@ inline TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool s
   return t;
 }
 
+// Whether the Hopper kernel runs a CTA an SM, each taking tasks b, b + SMs, .. in turn (bwd_ws_kernel's task
+// loop), instead of a CTA a task: for equal tasks (no mask, not varlen) of at most max_iters q-block iterations,
+// where a new CTA's start (K, V and the first Q, dO with nothing to overlap them) weighs; a persistent CTA's
+// producer loads the next task's Q, dO while the consumers finish the last. Masked tasks differ in length and
+// would be dealt unevenly (the block scheduler balances a task grid). Not deterministic: its ordered dQ adds
+// wait on other tasks, which a CTA a task never does on a CTA not yet started.
+inline bool persistent_tasks(const fa_params& p, int block_m, int max_iters) {
+  const int64_t iters = int64_t(p.num_heads / p.num_heads_kv) * ((p.seqlen_q + block_m - 1) / block_m);
+  return equal_tasks(p) && !p.deterministic && iters <= max_iters;
+}
+
 }  // namespace flashattn::sm80

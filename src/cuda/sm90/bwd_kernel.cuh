@@ -2,7 +2,8 @@
 // skipping, masking, GQA loop, deterministic order and dQ path of the sm80 2D kernel
 // (sm80/bwd_kernel_2d.cuh), with every product a warpgroup MMA instead of mma.sync + ldmatrix.
 //
-// One CTA per (k-block of 128 keys, kv head, batch); two consumer warpgroups, warpgroup w owning keys
+// One CTA per (k-block of 128 keys, kv head, batch), or for short equal tasks a CTA an SM running them in turn
+// (BwdParams::persistent); two consumer warpgroups, warpgroup w owning keys
 // 64 w .. 64 w + 63 of the block, and a producer warpgroup. Per q-block i (Q_i, dO_i double-buffered by
 // TMA, or by cp.async where TMA cannot read them; lse_i, D_i; all into the 128-byte-swizzled SmemTile
 // layout, which is wgmma's canonical K-major layout):
@@ -464,7 +465,7 @@ __device__ __forceinline__ void warp_load_tile(T* smem, const T* gmem, int64_t r
 // (q_full, q_empty) and, from another warp, adds dQ_i once staged (dq_full, dq_empty): a q-block's load never
 // waits for a reduction's reads. The consumers' only barrier is the one before dQ.
 // K_j, V_j come from the producer too (kv_full, kv_empty). The CTA runs the task grid's CTAs blockIdx.x,
-// + gridDim.x, .. < ctas: one, unless the grid is persistent (FLASHATTN_SM90_BWD_PERSISTENT); every role
+// + gridDim.x, .. < ctas: one, unless the grid is persistent (BwdParams::persistent); every role
 // counts its q-blocks and tasks over them, so the mbarriers' phases run on from task to task.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(384, 1)

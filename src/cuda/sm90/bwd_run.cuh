@@ -7,13 +7,6 @@
 #include "cuda/common.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
 
-// Dev switch: the producer kernel's grid a CTA an SM, each running task-grid CTAs in turn (1), or the task grid
-// (0). Session 57 (H200): even to +2.7% without a mask, 0.67-0.97 causal, whose tasks differ in length and are
-// dealt round-robin here (the hardware's block scheduler balances them); a dynamic scheduler would be needed.
-#ifndef FLASHATTN_SM90_BWD_PERSISTENT
-#define FLASHATTN_SM90_BWD_PERSISTENT 0
-#endif
-
 namespace flashattn::cuda::sm90 {
 
 template <class T, int kHeadDim>
@@ -48,8 +41,9 @@ Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semap
                  map(&maps.dk, bp.dk, rows_k, hk, bp.dk_row_stride, bp.dk_head_stride, bp.dk_batch_stride, bn) &&
                  map(&maps.dv, bp.dv, rows_k, hk, bp.dv_row_stride, bp.dv_head_stride, bp.dv_batch_stride, bn);
     }
+    // A CTA a task, or a CTA an SM taking the tasks in turn (bp.persistent: short equal tasks).
     unsigned grid = ctas;
-    if constexpr (FLASHATTN_SM90_BWD_PERSISTENT) {
+    if (bp.persistent) {
       cuda::DeviceInfo dev;
       FA_RETURN_IF_ERROR(cuda::device_info(&dev));
       grid = std::min(ctas, unsigned(dev.num_sms));
