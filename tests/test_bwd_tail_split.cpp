@@ -3,11 +3,15 @@
 // The kernels' side (pieces adding dK, dV, the last one writing) runs in the CUDA backward suites.
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "cuda/sm80/bwd_tail_split.hpp"
 
 namespace {
 
+using flashattn::sm80::causal_task_group;
 using flashattn::sm80::persistent_tasks;
+using flashattn::sm80::task_pair;
 using flashattn::sm80::tail_split;
 using flashattn::sm80::TailSplit;
 
@@ -117,6 +121,66 @@ TEST(BwdPersistentTasks, ShortEqualTasksOnly) {
   const int32_t cu[2] = {0, 1000};
   p = base, p.cu_seqlens_q = p.cu_seqlens_k = cu;
   EXPECT_FALSE(persistent_tasks(p, 64, 16));
+}
+
+// The causal tasks' groups: 32k query rows of (batch, kv head) pairs, heads of 8 k-blocks or more.
+TEST(BwdCausalTaskGroup, PairsOfTheRowsCausalOnly) {
+  fa_params p = problem(16, 1024, 16, 16);
+  p.causal = 1;
+  EXPECT_EQ(causal_task_group(p, kBlockN, 8, 32768), 32);      // 256 pairs of 1k rows
+  fa_params q = problem(2, 8192, 16, 16);
+  q.causal = 1;
+  EXPECT_EQ(causal_task_group(q, kBlockN, 8, 32768), 4);
+  q = problem(1, 16384, 16, 4), q.causal = 1;                  // 4 pairs: 2 a group (GQA counts kv heads)
+  EXPECT_EQ(causal_task_group(q, kBlockN, 8, 32768), 2);
+  q = problem(1, 1024, 16, 16), q.causal = 1;                  // fewer pairs than the rows allow: all in one
+  EXPECT_EQ(causal_task_group(q, kBlockN, 8, 32768), 16);
+  q = problem(32, 512, 16, 16), q.causal = 1;                  // 4 k-blocks a head: the k-block fastest
+  EXPECT_EQ(causal_task_group(q, kBlockN, 8, 32768), 0);
+  q = problem(1, 32768, 16, 16), q.causal = 1;                 // one pair a group
+  EXPECT_EQ(causal_task_group(q, kBlockN, 8, 32768), 0);
+  EXPECT_EQ(causal_task_group(p, kBlockN, 8, 0), 0);           // rows 0: off
+  fa_params r = p;
+  r.causal = 0;
+  EXPECT_EQ(causal_task_group(r, kBlockN, 8, 32768), 0);
+  r = p, r.window_left = 256;
+  EXPECT_EQ(causal_task_group(r, kBlockN, 8, 32768), 0);
+  const int32_t cu[2] = {0, 1024};
+  r = p, r.cu_seqlens_q = r.cu_seqlens_k = cu;
+  EXPECT_EQ(causal_task_group(r, kBlockN, 8, 32768), 0);
+}
+
+// Every order visits each (k-block, pair) once; in groups, a group's pairs at one k-block come together, and
+// the k-blocks ascend within a group (so the deterministic order's earlier k-blocks are handed out first).
+TEST(BwdTaskPair, EveryTaskOnceInEachOrder) {
+  for (int n_blocks : {1, 3, 8}) {
+    for (int pairs : {1, 5, 16, 37}) {
+      for (int group : {0, 2, 4, 16, 37}) {
+        if (group > pairs) continue;
+        const flashattn::FastDivmod nb(n_blocks), gb(group * n_blocks), gp(group);
+        std::vector<int> seen(size_t(n_blocks) * pairs, 0);
+        int prev_group = 0, prev_n = 0;
+        for (int t = 0; t < n_blocks * pairs; ++t) {
+          int n_block = -1;
+          const int pair = task_pair(t, group, pairs, nb, gb, gp, n_block);
+          ASSERT_GE(n_block, 0);
+          ASSERT_LT(n_block, n_blocks);
+          ASSERT_GE(pair, 0);
+          ASSERT_LT(pair, pairs);
+          ++seen[size_t(pair) * n_blocks + n_block];
+          if (group > 0) {
+            const int g = pair / group;
+            EXPECT_GE(g, prev_group) << t;
+            if (g == prev_group) EXPECT_GE(n_block, prev_n) << t;
+            prev_group = g, prev_n = n_block;
+          } else {
+            EXPECT_EQ(n_block, t % n_blocks);
+          }
+        }
+        for (int c : seen) EXPECT_EQ(c, 1) << n_blocks << " " << pairs << " " << group;
+      }
+    }
+  }
 }
 
 }  // namespace

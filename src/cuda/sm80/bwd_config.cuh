@@ -142,6 +142,15 @@ constexpr double kBwdPieceCost = 3, kSm90BwdPieceCost = 8;
 #define FLASHATTN_SM90_BWD_PERSISTENT 16
 #endif
 constexpr int kSm90BwdPersistentIters = FLASHATTN_SM90_BWD_PERSISTENT;
+// The Hopper kernel's causal tasks in groups of (batch, kv head) pairs of this many query rows in all, where a
+// head has at least kSm90BwdGroupMinBlocks k-blocks (bwd_tail_split.hpp, causal_task_group): d128 causal +1.9 /
+// 3.5 / 0.7-4.9 / 0.3% at 1k / 2k / 4k / 8k, d64 +0.7 / 1.7% at 1k / 4k; 0.98 at 512 (4 k-blocks; session 60,
+// H200). FLASHATTN_SM90_BWD_GROUP_ROWS overrides the rows (0: the k-block fastest).
+#ifndef FLASHATTN_SM90_BWD_GROUP_ROWS
+#define FLASHATTN_SM90_BWD_GROUP_ROWS 32768
+#endif
+constexpr int64_t kSm90BwdGroupRows = FLASHATTN_SM90_BWD_GROUP_ROWS;
+constexpr int kSm90BwdGroupMinBlocks = 8;
 
 // The Hopper kernel's configuration for this kernel head_dim, block_m 0 when it has none.
 constexpr Sm90BwdConfig sm90_bwd_config(int kernel_head_dim) {
@@ -194,6 +203,10 @@ struct BwdParams {
   int32_t* tail_done;    // (tail_tasks) pieces finished, zeroed by the preprocess
   int64_t tail_floats;   // tail_dkv's size
   int32_t persistent;    // the Hopper kernel: a CTA an SM running the tasks in turn (persistent_tasks)
+  // Task order (task_pair): 0, the k-block fastest; else groups of task_group (batch, kv head) pairs of the
+  // task_pairs, the k-block slowest within a group (causal_task_group: the longest tasks of a group first).
+  int32_t task_group, task_pairs;
+  FastDivmod task_group_div, group_pairs_div;  // by task_group * num_n_blocks, task_group
 };
 
 }  // namespace flashattn::sm80

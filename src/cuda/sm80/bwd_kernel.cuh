@@ -28,6 +28,7 @@
 #include "common/status.hpp"
 #include "cuda/common.cuh"
 #include "cuda/sm80/bwd_config.cuh"
+#include "cuda/sm80/bwd_tail_split.hpp"
 #include "cuda/sm80/mma.cuh"
 
 namespace flashattn::sm80 {
@@ -153,7 +154,7 @@ __device__ __forceinline__ BwdTask bwd_task(const BwdParams& p, int cta) {
     t.piece = p.tail_pieces_div.divmod(task - p.tail_begin, t.slot), t.pieces = p.tail_pieces;
     task = p.tail_begin + t.slot;
   }
-  t.n_block = p.n_blocks_div.divmod(task, rest);
+  rest = task_pair(task, p.task_group, p.task_pairs, p.n_blocks_div, p.task_group_div, p.group_pairs_div, t.n_block);
   t.head_kv = p.heads_kv_div.divmod(rest, t.b);
   return t;
 }

@@ -210,6 +210,9 @@ Status backward(const fa_params& p, bool hopper) {
   bp.tail_done = w.tail.split > 0 ? reinterpret_cast<int32_t*>(ws + w.tail_done) : nullptr;
   bp.tail_floats = w.tail_floats;
   bp.persistent = w.persistent;
+  bp.task_group = hopper ? causal_task_group(p, w.block_n, kSm90BwdGroupMinBlocks, kSm90BwdGroupRows) : 0;
+  bp.task_pairs = bp.num_heads_kv * bp.batch;
+  bp.task_group_div = FastDivmod(bp.task_group * bp.num_n_blocks), bp.group_pairs_div = FastDivmod(bp.task_group);
   return run(bp, stream_of(p), w.num_semaphores);
 }
 
