@@ -1,8 +1,9 @@
-// The backward's last-wave split, decided on the host (plain C++: the CPU tests check it): the model of
-// common/last_round_split.hpp on k-block tasks (k-block, kv head, batch) of I q-block iterations. On the
-// H100 (132 SMs) the d128 16k backward read 319 TFLOP/s with 2048 tasks against 326 with 4224 (32 whole
-// waves; dev/sm80bwd/waves.py). Only problems whose tasks all have I iterations (no mask, not varlen), and
-// not deterministic (the pieces' fp32 adds come in any order). The kernels' side: tail_sum in bwd_kernel.cuh.
+// The backward's task schedule, decided on the host (plain C++: the CPU tests check it): the last wave's split,
+// the Hopper kernel's persistent grid and the causal tasks' order.
+// The split: the model of common/last_round_split.hpp on k-block tasks (k-block, kv head, batch) of I q-block
+// iterations. On the H100 (132 SMs) the d128 16k backward read 319 TFLOP/s with 2048 tasks against 326 with 4224
+// (32 whole waves; dev/sm80bwd/waves.py). Only problems whose tasks all have I iterations (no mask, not varlen),
+// and not deterministic (the pieces' fp32 adds come in any order). The kernels' side: tail_sum in bwd_kernel.cuh.
 #pragma once
 
 #include <algorithm>
@@ -66,8 +67,8 @@ inline int causal_task_group(const fa_params& p, int block_n, int min_n_blocks, 
 // Task t's k-block and (batch, kv head) pair (b * num_heads_kv + kv head) in that order: group pairs a group of
 // pairs in all, the last group maybe fewer, the k-block slowest within one (group 0: the k-block fastest).
 // Divisors: n_blocks (k-blocks a head), group_blocks (group * n_blocks), group_pairs (group).
-FA_HOST_DEVICE int task_pair(int task, int group, int pairs, const FastDivmod& n_blocks,
-                                    const FastDivmod& group_blocks, const FastDivmod& group_pairs, int& n_block) {
+FA_HOST_DEVICE int task_pair(int task, int group, int pairs, const FastDivmod& n_blocks, const FastDivmod& group_blocks,
+                             const FastDivmod& group_pairs, int& n_block) {
   int pair;
   if (group <= 0) {
     n_block = n_blocks.divmod(task, pair);
