@@ -202,7 +202,7 @@ struct BwdParams {
   float* tail_dkv;       // (tail_tasks, 2 block_n head_dim) fp32, zeroed by the preprocess
   int32_t* tail_done;    // (tail_tasks) pieces finished, zeroed by the preprocess
   int64_t tail_floats;   // tail_dkv's size
-  int32_t persistent;    // the Hopper kernel: a CTA an SM running the tasks in turn (persistent_tasks)
+  int32_t persistent_ctas;  // the Hopper kernel: the SMs, a CTA each running tasks in turn (persistent_tasks); 0: none
   // Task order (task_pair): 0, the k-block fastest; else groups of task_group (batch, kv head) pairs of the
   // task_pairs, the k-block slowest within a group (causal_task_group: the longest tasks of a group first).
   int32_t task_group, task_pairs;

@@ -80,7 +80,7 @@ struct BwdWorkspace {
   int32_t num_m_blocks = 0, num_semaphores = 0;
   int block_n = 0;  // the main kernel's
   TailSplit tail;
-  bool persistent = false;  // the Hopper kernel's grid (persistent_tasks)
+  int persistent_ctas = 0;  // the Hopper kernel's grid: the SMs where persistent_tasks, else 0 (a CTA a task)
   int64_t tail_floats = 0;
   size_t d_sum = 0, dq_accum = 0, semaphore = 0, tail_dkv = 0, tail_done = 0, total = 0;  // byte offsets, total size
 };
@@ -98,7 +98,7 @@ BwdWorkspace workspace_layout(const fa_params& p, bool hopper, int num_sms) {
   w.block_n = hopper ? kSm90BwdBlockN : c.block_n;
   w.tail = tail_split(p, block_m, w.block_n, hopper || c.layout == 1, num_sms,
                       hopper ? kSm90BwdPieceCost : kBwdPieceCost);
-  w.persistent = hopper && num_sms > 0 && persistent_tasks(p, block_m, kSm90BwdPersistentIters);
+  w.persistent_ctas = hopper && num_sms > 0 && persistent_tasks(p, block_m, kSm90BwdPersistentIters) ? num_sms : 0;
   w.tail_floats = int64_t(w.tail.split) * 2 * w.block_n * w.kernel_head_dim;
   w.d_sum = 0;
   w.dq_accum = align256(sizeof(float) * size_t(p.num_heads) * size_t(w.rows_q));
@@ -209,7 +209,7 @@ Status backward(const fa_params& p, bool hopper) {
   bp.tail_dkv = w.tail.split > 0 ? reinterpret_cast<float*>(ws + w.tail_dkv) : nullptr;
   bp.tail_done = w.tail.split > 0 ? reinterpret_cast<int32_t*>(ws + w.tail_done) : nullptr;
   bp.tail_floats = w.tail_floats;
-  bp.persistent = w.persistent;
+  bp.persistent_ctas = w.persistent_ctas;
   bp.task_group = hopper ? causal_task_group(p, w.block_n, kSm90BwdGroupMinBlocks, kSm90BwdGroupRows) : 0;
   bp.task_pairs = bp.num_heads_kv * bp.batch;
   bp.task_group_div = FastDivmod(bp.task_group * bp.num_n_blocks), bp.group_pairs_div = FastDivmod(bp.task_group);

@@ -20,6 +20,11 @@ struct TailSplit {
   int32_t pieces = 1;  // P
 };
 
+// A task's q-block iterations without a mask: every q-block of each query head of its kv head's group.
+inline int64_t task_iters(const fa_params& p, int block_m) {
+  return int64_t(p.num_heads / p.num_heads_kv) * ((p.seqlen_q + block_m - 1) / block_m);
+}
+
 // splittable: the main kernel can run pieces (the sm80 2D and the Hopper kernels). num_sms <= 0: no split.
 // piece_cost: a CTA's own cost in q-block iterations (the kernel's, bwd_config.cuh).
 inline TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool splittable, int num_sms,
@@ -27,7 +32,7 @@ inline TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool s
   TailSplit t;
   const int64_t tasks = int64_t((p.seqlen_k + block_n - 1) / block_n) * p.num_heads_kv * p.batch;
   t.tasks = int32_t(std::min<int64_t>(tasks, INT32_MAX));
-  const int64_t iters = int64_t(p.num_heads / p.num_heads_kv) * ((p.seqlen_q + block_m - 1) / block_m);
+  const int64_t iters = task_iters(p, block_m);
   // (The kernels compute a piece's range in 32 bits: 64 * iters < 2^31.)
   if (!splittable || p.deterministic || !equal_tasks(p) || num_sms <= 0 || tasks > INT32_MAX / 64 || iters > INT32_MAX / 64)
     return t;
@@ -43,8 +48,7 @@ inline TailSplit tail_split(const fa_params& p, int block_m, int block_n, bool s
 // would be dealt unevenly (the block scheduler balances a task grid). Not deterministic: its ordered dQ adds
 // wait on other tasks, which a CTA a task never does on a CTA not yet started.
 inline bool persistent_tasks(const fa_params& p, int block_m, int max_iters) {
-  const int64_t iters = int64_t(p.num_heads / p.num_heads_kv) * ((p.seqlen_q + block_m - 1) / block_m);
-  return equal_tasks(p) && !p.deterministic && iters <= max_iters;
+  return equal_tasks(p) && !p.deterministic && task_iters(p, block_m) <= max_iters;
 }
 
 // The causal tasks' order. The block scheduler hands the tasks out in grid order as SMs free, so the last ones

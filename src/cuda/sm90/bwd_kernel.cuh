@@ -3,7 +3,7 @@
 // (sm80/bwd_kernel_2d.cuh), with every product a warpgroup MMA instead of mma.sync + ldmatrix.
 //
 // One CTA per (k-block of 128 keys, kv head, batch), or for short equal tasks a CTA an SM running them in turn
-// (BwdParams::persistent); two consumer warpgroups, warpgroup w owning keys
+// (BwdParams::persistent_ctas); two consumer warpgroups, warpgroup w owning keys
 // 64 w .. 64 w + 63 of the block, and a producer warpgroup. Per q-block i (Q_i, dO_i double-buffered by
 // TMA, or by cp.async where TMA cannot read them; lse_i, D_i; all into the 128-byte-swizzled SmemTile
 // layout, which is wgmma's canonical K-major layout):
@@ -465,7 +465,7 @@ __device__ __forceinline__ void warp_load_tile(T* smem, const T* gmem, int64_t r
 // (q_full, q_empty) and, from another warp, adds dQ_i once staged (dq_full, dq_empty): a q-block's load never
 // waits for a reduction's reads. The consumers' only barrier is the one before dQ.
 // K_j, V_j come from the producer too (kv_full, kv_empty). The CTA runs the task grid's CTAs blockIdx.x,
-// + gridDim.x, .. < ctas: one, unless the grid is persistent (BwdParams::persistent); every role
+// + gridDim.x, .. < ctas: one, unless the grid is persistent (BwdParams::persistent_ctas); every role
 // counts its q-blocks and tasks over them, so the mbarriers' phases run on from task to task.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(384, 1)
@@ -662,9 +662,8 @@ __global__ void __launch_bounds__(384, 1)
         stage_dq<Tr>(sm.dq(stage), dq_row, dq_d0, t, swz, acc_dq);
         mbar_arrive(&dq_full[stage]);
       } else {
-        add_dq_ordered<Tr>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block,
-                                         p.dq_accum + ws0 * kHeadDim, seqlen_q - m0, dq_row, dq_d0, t, swz, acc_dq,
-                                         tid);
+        add_dq_ordered<Tr>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block, p.dq_accum + ws0 * kHeadDim,
+                           seqlen_q - m0, dq_row, dq_d0, t, swz, acc_dq, tid);
       }
       cur.advance();
     }

@@ -41,13 +41,8 @@ Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semap
                  map(&maps.dk, bp.dk, rows_k, hk, bp.dk_row_stride, bp.dk_head_stride, bp.dk_batch_stride, bn) &&
                  map(&maps.dv, bp.dv, rows_k, hk, bp.dv_row_stride, bp.dv_head_stride, bp.dv_batch_stride, bn);
     }
-    // A CTA a task, or a CTA an SM taking the tasks in turn (bp.persistent: short equal tasks).
-    unsigned grid = ctas;
-    if (bp.persistent) {
-      cuda::DeviceInfo dev;
-      FA_RETURN_IF_ERROR(cuda::device_info(&dev));
-      grid = std::min(ctas, unsigned(dev.num_sms));
-    }
+    // A CTA a task, or a CTA an SM taking the tasks in turn (bp.persistent_ctas: short equal tasks).
+    const unsigned grid = bp.persistent_ctas > 0 ? std::min(ctas, unsigned(bp.persistent_ctas)) : ctas;
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(bp, maps, int(ctas));
     FA_CUDA_CHECK_LAUNCH("sm90 backward main");
   }
