@@ -9,7 +9,8 @@
 # TESTS: a gtest filter of the GPU tests, built and run for the variants named in TESTED (default: the first;
 # name only the head dims built, e.g. 'Standard/Sm90Forward.*_d128_*': the others fail; the 184 head_dim 64
 # and 128 sm90 forward cases take ~200 s on an H100, their fp64 references on the CPU most of it; TEST_TIMEOUT, default 300 s);
-# SANITIZE: one run under the sanitizers (needs TESTS; the first tested variant). Logs to $OUT.
+# SANITIZE: one run under the sanitizers (needs TESTS; the first tested variant). AB: the timing script (default
+# dev/sm90/fwd_ab.py; dev/sm80fwd/decode_ab.py takes the same arguments, its own SHAPES). Logs to $OUT.
 # Usage (repository root): VARIANTS='new=;noqregs=-DFLASHATTN_SM90_Q_REGS=0' bash dev/sm90/variants_ab.sh
 set -u
 cd "$(dirname "$0")/../.."
@@ -60,7 +61,7 @@ done
 cp build-ctrl/libflashattn.so build-ctrl/libflashattn-2.so
 libs="$libs,ctrl2=build-ctrl/libflashattn-2.so"
 # Line-buffered, and under AB_TIMEOUT (s): a run cut short still returns the shapes timed so far.
-N=${N:-20} timeout ${AB_TIMEOUT:-900} python3 dev/sm90/fwd_ab.py "$libs" "$SHAPES" 2>&1 | grep --line-buffered -v -i warn |
+N=${N:-20} timeout ${AB_TIMEOUT:-900} python3 "${AB:-dev/sm90/fwd_ab.py}" "$libs" "$SHAPES" 2>&1 | grep --line-buffered -v -i warn |
   tee "$OUT/ab.txt"
 echo "total: $((SECONDS - t0)) s"
 (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=ab.txt * && find . -maxdepth 1 -type f \

@@ -36,8 +36,9 @@ fa_impl best_impl(const fa_params& p, bool backward) {
   if (current_sm() != 90) return FA_IMPL_CUDA_SM80;
   if (backward) return sm90_backward_supports(p) ? FA_IMPL_CUDA_SM90 : FA_IMPL_CUDA_SM80;
   if (!sm90_supports(p)) return FA_IMPL_CUDA_SM80;
-  // Decode (a few query rows over a long cache) runs the sm80 forward's decode config: 64-row tiles
-  // (the Hopper ones have 128 or more) and split-KV in one wave. 16 heads, head_dim 128, 4k-64k keys,
+  // Decode (a few query rows over a long cache) runs the sm80 forward's decode configs: 16-row tiles
+  // whose warps split the keys, or 64-row ones (the Hopper ones have 128 or more), and split-KV in
+  // one wave. Before the 16-row tiles (session 61), with 64-row ones: 16 heads, head_dim 128, 4k-64k keys,
   // batch 1: 1.1-2.7 TB/s of K and V against 0.9-2.6 for the Hopper kernel, whose only key split is
   // the last round's (8 pieces a tile at most; 0.44-0.53 before it), 1-6% more at batch 4 and 16
   // (bench/results/h100.json). Elsewhere the sm80 forward only where it splits the keys and the

@@ -1,6 +1,6 @@
 // The sm80 (mma.sync) forward against the fp64 reference with the anchor rule: the standard
 // awkward-shape list in fp16 and bf16, plus the split-KV path (forced and heuristic), the decode
-// configs (query rows that fit a 64-row tile) and the element-wise load path (strides not a multiple
+// configs (query rows that fit a 16-row tile) and the element-wise load path (strides not a multiple
 // of 8 elements). Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -36,17 +36,18 @@ std::vector<Case> sm80_forward_cases() {
     out.push_back(decode);
     decode.seqlens_q = {1, 0, 3}, decode.seqlens_k = {3000, 10, 0};  // varlen decode with empty sequences
     out.push_back(decode);
-    // The decode configs (64-row tiles, head dims up to 128): query rows at and past their tile,
-    // causal, split or not; a padded head dim (80 runs the 96 kernel).
-    for (int rows : {64, 65}) {
+    // The decode configs (16-row tiles whose warps split the keys, then 64-row tiles; head dims up
+    // to 128): query rows at and past their tiles, causal, split or not; a padded head dim (80 runs
+    // the 96 kernel).
+    for (int rows : {16, 17, 65}) {
       Case r;
       r.dtype = dt, r.batch = 2, r.seqlen_q = rows, r.seqlen_k = 3000, r.num_heads = 4, r.num_heads_kv = 2;
       r.head_dim = 128, r.causal = true;
       out.push_back(r);
     }
-    for (int d : {32, 80}) {
+    for (int d : {32, 80, 128}) {
       Case r;
-      r.dtype = dt, r.batch = 3, r.seqlen_q = 1, r.seqlen_k = 2500, r.num_heads = 16, r.num_heads_kv = 2, r.head_dim = d;
+      r.dtype = dt, r.batch = 3, r.seqlen_q = 1, r.seqlen_k = d == 128 ? 5001 : 2500, r.num_heads = 16, r.num_heads_kv = 2, r.head_dim = d;
       out.push_back(r);
     }
     // Scores of a few units and more (scale 0.6 on unit-normal q, k): a row's max keeps rising by

@@ -18,7 +18,7 @@ namespace {
 using sm80::FwdConfig;
 using sm80::FwdParams;
 
-constexpr int kMaxSplits = 128;
+using sm80::kMaxSplits;
 
 int sm_count() {
   DeviceInfo dev;
@@ -33,7 +33,8 @@ int64_t num_rows(const fa_params& p) { return is_varlen(p) ? p.total_q : int64_t
 // since a few CTAs past it run alone as a second wave). At least 2 key blocks per split. Decode on
 // the H100 (16 heads, head_dim 128) read K and V fastest at 8-16 splits at batch 1, 4 at batch 4,
 // 1 at batch 16 (dev/sm80fwd/decode_splits.py); 8 CTAs per SM there split 2-4 times too often and
-// read 10-30% slower, and 17 splits at batch 1 (272 CTAs) 20% slower than 16.
+// read 10-30% slower, and 17 splits at batch 1 (272 CTAs) 20% slower than 16. On an H200 with the
+// 16-row decode tiles (3 fit an SM), a target of 3 CTAs per SM read 0.98-1.0 of 2 (session 61).
 int num_splits(const fa_params& p, const FwdConfig& c) {
   const int n_blocks = (p.seqlen_k + c.block_n - 1) / c.block_n;
   const int max_splits = std::min({kMaxSplits, std::max(n_blocks, 1), 65535 / std::max(p.batch, 1)});
@@ -140,8 +141,8 @@ bool sm80_forward_decode(const fa_params& params) {
   const fa_params p = gqa_decode_view(params);
   const int kernel_head_dim = built_head_dim(p);
   if (kernel_head_dim == 0) return false;
-  const FwdConfig table = sm80::fwd_config(kernel_head_dim), decode = sm80::fwd_decode_config(kernel_head_dim);
-  return decode.block_m < table.block_m && p.seqlen_q <= decode.block_m &&
+  const FwdConfig table = sm80::fwd_config(kernel_head_dim), few_rows = sm80::fwd_few_rows_config(kernel_head_dim);
+  return few_rows.block_m < table.block_m && p.seqlen_q <= few_rows.block_m &&
          (p.seqlen_k + table.block_n - 1) / table.block_n >= 16;
 }
 

@@ -15,6 +15,9 @@ struct FwdConfig {
   int stages;    // 2: K and V of block j+1 load during block j; 1: V_j loads during S_j, K_{j+1} during P_j V_j
 };
 
+// Split-KV: at most this many splits of a row's keys (the combine's lanes hold 4 splits' weights each).
+constexpr int kMaxSplits = 128;
+
 // Shared memory: the q tile plus `stages` k and v tiles, 16-bit elements.
 constexpr int fwd_smem_bytes(const FwdConfig& c) {
   return 2 * c.head_dim * (c.block_m + 2 * c.stages * c.block_n);
@@ -66,22 +69,36 @@ constexpr FwdConfig fwd_config(int kernel_head_dim) {
   return {0, 0, 0, 0, 0};
 }
 
-// Dev switch: warps of the decode configs (fwd_decode_config); 0: none.
+// Dev switches: warps of the decode configs (fwd_decode_config, fwd_few_rows_config; 0: none), and
+// whether the 16-row one is built (1) or only the 64-row one (0).
 #ifndef FLASHATTN_SM80_DECODE_WARPS
 #define FLASHATTN_SM80_DECODE_WARPS 4
 #endif
+#ifndef FLASHATTN_SM80_DECODE_SPLIT_KEYS
+#define FLASHATTN_SM80_DECODE_SPLIT_KEYS 1
+#endif
 
-// Decode: query rows that fit one tile of 16 rows a warp (gqa_decode_view has put a kv head's group
-// of query heads in the rows) run the table's block_n and stages with that smaller tile. A 128-row
-// tile computes 127 dropped rows for each one of a single-row decode step, and that mma work, not
-// reading K and V, bounded the split-KV forward. Head dims up to 128: past that the table's tiles
-// already have 16 rows a warp (and 4 warps of 16 rows spill 284 bytes at head_dim 256); there the
-// decode config is the table's.
-constexpr FwdConfig fwd_decode_config(int kernel_head_dim) {
+// Few query rows over many keys (decode; gqa_decode_view has put a kv head's group of query heads in
+// the rows): a 128-row tile computes 127 dropped rows for each one of a single-row decode step, and
+// that mma work, not reading K and V, bounded the split-KV forward. So rows that fit 64 run 64-row
+// tiles of 16 rows a warp with the table's block_n and stages. Head dims up to 128: past that the
+// table's tiles already have 16 rows a warp; there this config is the table's.
+constexpr FwdConfig fwd_few_rows_config(int kernel_head_dim) {
   const FwdConfig c = fwd_config(kernel_head_dim);
   constexpr int kWarps = FLASHATTN_SM80_DECODE_WARPS;
   if (kWarps <= 0 || c.head_dim > 128) return c;
   return {c.head_dim, 16 * kWarps, c.block_n, kWarps, c.stages};
+}
+
+// Rows that fit 16 run 16-row tiles whose warps split each key block (FwdTraits::kWarpsSplitKeys):
+// in the 64-row tiles every warp reads every k and v element from shared memory (L1 69.7% busy
+// against cuDNN's 20.7% at batch 16, 16k keys: ncu, H200). Split: +3-14% over them at 16 heads,
+// head_dim 128, batch 1-16, 4k-64k keys (H200). Deeper rings of k/v stages (3-6, block_n 32-64) read
+// 0.83-0.97 of the 2 stages, and block_n 128 0.97-1.0 (session 61).
+constexpr FwdConfig fwd_decode_config(int kernel_head_dim) {
+  const FwdConfig c = fwd_few_rows_config(kernel_head_dim);
+  if (!FLASHATTN_SM80_DECODE_SPLIT_KEYS || c.block_m <= 16) return c;
+  return {c.head_dim, 16, c.block_n, c.warps, c.stages};
 }
 
 // Compile-time traits of one config (a table entry, or a candidate in dev/sm80fwd).
@@ -91,12 +108,22 @@ struct FwdTraits {
   static constexpr int kBlockM = kConfig.block_m, kBlockN = kConfig.block_n, kWarps = kConfig.warps;
   static constexpr int kStages = kConfig.stages;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kMTiles = kBlockM / (16 * kWarps);  // m16 tiles per warp
-  static constexpr int kNTiles = kBlockN / 8;               // n8 tiles of s per m-tile
-  static constexpr int kDTiles = kHeadDim / 8;              // n8 tiles of o per m-tile
+  // Split-Q (FA2): warp w owns rows [block_m / warps * w, ..) and every key of a block. A 16-row
+  // tile with several warps splits the keys instead (flash-decoding inside the CTA): warp w owns
+  // keys [block_n / warps * w, ..) of every block and all 16 rows, with its own running max, sum
+  // and o, merged at the end. So each k/v element read from shared memory feeds one warp, not all.
+  static constexpr bool kWarpsSplitKeys = kBlockM == 16 && kWarps > 1;
+  static constexpr int kMTiles = kWarpsSplitKeys ? 1 : kBlockM / (16 * kWarps);  // m16 tiles per warp
+  static constexpr int kWarpKeys = kWarpsSplitKeys ? kBlockN / kWarps : kBlockN;  // keys of a block per warp
+  static constexpr int kNTiles = kWarpKeys / 8;                                  // n8 tiles of s per m-tile
+  static constexpr int kDTiles = kHeadDim / 8;                                   // n8 tiles of o per m-tile
   static constexpr int kSmemBytes = fwd_smem_bytes(kConfig);
-  static_assert(kBlockM % (16 * kWarps) == 0 && kMTiles >= 1, "each warp owns whole m16 tiles");
-  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "k-steps of 16");
+  static_assert(kWarpsSplitKeys || (kBlockM % (16 * kWarps) == 0 && kMTiles >= 1), "each warp owns whole m16 tiles");
+  static_assert(kWarpKeys % 16 == 0 && kHeadDim % 16 == 0, "k-steps of 16");
+  // The merge passes warps 1.. 's max, sum (2 rows each) and o fragments through the k/v stages.
+  static constexpr int kMergeFloats = 4 + 4 * kDTiles;  // per lane
+  static_assert(!kWarpsSplitKeys || (kWarps - 1) * 32 * kMergeFloats * 4 <= 2 * kStages * kBlockN * kHeadDim * 2,
+                "the merge fits the k/v stages");
   static_assert(kStages == 1 || kStages == 2, "the main loop knows one or two k/v stages");
 };
 

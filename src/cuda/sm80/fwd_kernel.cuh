@@ -1,7 +1,8 @@
 // The FlashAttention-2 forward on mma.sync (sm_80 and later), and the split-KV combine.
 //
 // One CTA per (q-block of block_m rows, head, batch[, split]). The q tile is loaded to shared
-// memory once; each warp owns block_m / warps of its rows (split-Q: warps never exchange data).
+// memory once; each warp owns block_m / warps of its rows (split-Q: warps never exchange data), or,
+// in the 16-row decode tiles, a slice of every key block, its (m, l, o) merged into warp 0's at the end.
 // The loop walks the key blocks j the mask leaves visible to this q-block:
 //   s   = q k_j^T                           (mma.sync, q and k by ldmatrix from swizzled smem)
 //   s   = tanh(s * scale / softcap)         (softcap only)
@@ -39,7 +40,7 @@ __device__ __forceinline__ void load_tile_units(T* tile, const T* head_base, int
   using Tile = SmemTile<kRows, kCols>;
   constexpr int kUnitsPerRow = kCols / 8;                // 16-byte units per row
   constexpr int kRowsPerPass = kThreads / kUnitsPerRow;  // rows one pass of the CTA covers
-  static_assert(kRows * kUnitsPerRow % kThreads == 0, "whole 16-byte units per thread");
+  constexpr int kTileUnits = kRows * kUnitsPerRow;
   auto load_unit = [&](const T* src, bool valid_row, int col, T* dst) {
     if constexpr (kAligned) {
       const bool valid = valid_row && col < head_dim;
@@ -51,7 +52,7 @@ __device__ __forceinline__ void load_tile_units(T* tile, const T* head_base, int
       *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
     }
   };
-  if constexpr (kThreads % kUnitsPerRow == 0 && kRowsPerPass % 8 == 0) {
+  if constexpr (kThreads % kUnitsPerRow == 0 && kRowsPerPass % 8 == 0 && kTileUnits % kThreads == 0) {
     // This thread's units share one column and rows kRowsPerPass apart (a multiple of 8), so one
     // swizzled offset, one source pointer and one row bound serve them all.
     const int col = (threadIdx.x % kUnitsPerRow) * 8, first_row = threadIdx.x / kUnitsPerRow;
@@ -64,8 +65,9 @@ __device__ __forceinline__ void load_tile_units(T* tile, const T* head_base, int
                 dst + i * kRowsPerPass * Tile::kChunk);
   } else {
 #pragma unroll
-    for (int i = 0; i < kRows * kUnitsPerRow / kThreads; ++i) {
+    for (int i = 0; i < (kTileUnits + kThreads - 1) / kThreads; ++i) {
       const int unit = i * kThreads + threadIdx.x;
+      if (kTileUnits % kThreads != 0 && unit >= kTileUnits) break;  // a 16-row q tile: fewer units than threads
       const int row = unit / kUnitsPerRow, col = (unit % kUnitsPerRow) * 8;
       load_unit(head_base + int64_t(row0 + row) * row_stride + col, row0 + row < num_valid_rows, col,
                 tile + Tile::offset(row, col));
@@ -104,9 +106,10 @@ __device__ __forceinline__ float tree_sum(float (&x)[n]) {
 template <int kHeadDim, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, class T>
 __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   using Traits = FwdTraits<FwdConfig{kHeadDim, kBlockM_, kBlockN_, kWarps_, kStages_}>;
-  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kThreads = Traits::kThreads;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kThreads = Traits::kThreads, kWarps = Traits::kWarps;
   constexpr int kMTiles = Traits::kMTiles, kNTiles = Traits::kNTiles, kDTiles = Traits::kDTiles;
   constexpr int kStages = Traits::kStages;
+  constexpr bool kWarpsSplitKeys = Traits::kWarpsSplitKeys;
   using QTile = SmemTile<kBlockM, kHeadDim>;
   using KVTile = SmemTile<kBlockN, kHeadDim>;
 
@@ -155,7 +158,8 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int warp_row0 = warp * 16 * kMTiles;  // first q-block row of this warp
+  const int warp_row0 = kWarpsSplitKeys ? 0 : warp * 16 * kMTiles;  // first q-block row of this warp
+  const int warp_key0 = kWarpsSplitKeys ? warp * Traits::kWarpKeys : 0;  // first key of a block of this warp
 
   float o_acc[kMTiles][kDTiles][4];
   float row_max[kMTiles][2], row_sum[kMTiles][2];  // row_sum: this lane's partial sum of its columns
@@ -174,8 +178,8 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   // n- or d-tile is a compile-time XOR / add on it, a stage a constant offset, in place of a
   // swizzled offset per fragment (H100: +1-4% at head_dim 128, fewer spills; dev/sm80fwd/NOTES.md).
   const WarpCursor<kBlockM, kHeadDim> cur_q(smem_addr(sq), warp_row0 + lane % 16, lane / 16, 0);
-  const WarpCursor<kBlockN, kHeadDim> cur_k(smem_addr(sk), 8 * (lane / 16) + lane % 8, (lane / 8) % 2, 0);
-  const WarpCursor<kBlockN, kHeadDim> cur_v(smem_addr(sv), 8 * ((lane / 8) % 2) + lane % 8, lane / 16, 0);
+  const WarpCursor<kBlockN, kHeadDim> cur_k(smem_addr(sk), warp_key0 + 8 * (lane / 16) + lane % 8, (lane / 8) % 2, 0);
+  const WarpCursor<kBlockN, kHeadDim> cur_v(smem_addr(sv), warp_key0 + 8 * ((lane / 8) % 2) + lane % 8, lane / 16, 0);
   static_assert(KVTile::kBytes % 128 == 0, "stages keep the 128-byte alignment the cursors need");
 
   // Tiles of whole rows (every row inside the sequence, head_dim == kHeadDim, aligned) load with
@@ -286,7 +290,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
           for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const int col = n0 + nt * 8 + 2 * t + e;
+              const int col = n0 + warp_key0 + nt * 8 + 2 * t + e;
               if (col < lo || col >= hi) s[mt][nt][2 * half + e] = kNegInf;
             }
         }
@@ -336,7 +340,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
 
     // o += p v_j: p's C fragments repacked as A fragments (mma.cuh), v_j by ldmatrix.trans.
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    for (int kk = 0; kk < kNTiles / 2; ++kk) {
       uint32_t pa[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
@@ -359,6 +363,57 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   }
   cp_async_wait<0>();  // nothing may be in flight when the CTA exits
 
+  if constexpr (kWarpsSplitKeys) {
+    // Merge: warps 1.. leave their running max, partial sums and o in the k/v stages (free once every
+    // warp has left the loop; [warp - 1][value][lane] floats), and warp 0 rescales each to the common
+    // max and adds it, as the online softmax merges two key blocks. Warp 0 then runs the epilogue alone.
+    constexpr int kValues = Traits::kMergeFloats;
+    float* merge = reinterpret_cast<float*>(sk);
+    __syncthreads();
+    if (warp > 0) {
+      float* mine = merge + (warp - 1) * kValues * 32 + lane;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        mine[32 * half] = row_max[0][half];
+        mine[32 * (2 + half)] = row_sum[0][half];
+      }
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[32 * (4 + 4 * dt + e)] = o_acc[0][dt][e];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+    const float scale_log2 = p.score_scale_log2;
+    // exp2((m - m_new) * scale) with m = -inf (nothing visible) weighing 0.
+    auto weight = [&](float m, float m_new) { return m == kNegInf ? 0.f : exp2_fast((m - m_new) * scale_log2); };
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float m_new = row_max[0][half];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) m_new = fmaxf(m_new, merge[(w - 1) * kValues * 32 + 32 * half + lane]);
+      const float c = weight(row_max[0][half], m_new);
+      row_sum[0][half] *= c;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        o_acc[0][dt][2 * half] *= c;
+        o_acc[0][dt][2 * half + 1] *= c;
+      }
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) {
+        const float* theirs = merge + (w - 1) * kValues * 32 + lane;
+        const float cw = weight(theirs[32 * half], m_new);
+        row_sum[0][half] += cw * theirs[32 * (2 + half)];
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+          o_acc[0][dt][2 * half] += cw * theirs[32 * (4 + 4 * dt + 2 * half)];
+          o_acc[0][dt][2 * half + 1] += cw * theirs[32 * (4 + 4 * dt + 2 * half + 1)];
+        }
+      }
+      row_max[0][half] = m_new;
+    }
+  }
+
   // Epilogue: o / l and lse, rows below seqlen_q only, columns below head_dim only.
   const bool split_out = p.num_splits > 1;
   // The lse (natural log) of row (mt, half) with row sum l, and where row `row` of the sequence
@@ -377,7 +432,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     // at 512-1k keys (dev/sm80fwd/NOTES.md). Without a key block the loop's barrier never ordered
     // the other threads' copies of q before these writes, and the warp's own ldmatrix reads of its
     // rows came from other lanes' addresses (racecheck).
-    if (n_begin >= n_end) __syncthreads();
+    if (!kWarpsSplitKeys && n_begin >= n_end) __syncthreads();  // (the merge's barriers did)
     __syncwarp();
     constexpr int kUnits = kHeadDim / 8, kWarpUnits = 16 * kMTiles * kUnits;
     static_assert(kWarpUnits % 32 == 0, "whole 16-byte units per lane");
@@ -446,10 +501,38 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     }
 }
 
+// Columns [kVec c, kVec c + kVec) of the combined o: every split's partial (o_row + s * split_stride)
+// weighted by w of its lane (split s: lane s % 32, w[s / 32]) and summed.
+template <int kVec, int kPerLane, class T>
+__device__ __forceinline__ void combine_columns(T* o, const float* o_row, int64_t split_stride, int num_splits,
+                                                const float (&w)[kPerLane], int c) {
+  float acc[kVec] = {};
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int splits_i = min(32, num_splits - 32 * i);  // warp-uniform
+#pragma unroll 4
+    for (int j = 0; j < splits_i; ++j) {
+      const float ws = __shfl_sync(0xffffffffu, w[i], j);
+      const float* src = o_row + (32 * i + j) * split_stride + kVec * c;
+      if constexpr (kVec == 4) {
+        const float4 x = *reinterpret_cast<const float4*>(src);
+        acc[0] += ws * x.x, acc[1] += ws * x.y, acc[2] += ws * x.z, acc[3] += ws * x.w;
+      } else {
+        acc[0] += ws * *src;
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) o[kVec * c + e] = T(acc[e]);
+}
+
 // Split-KV combine: one warp per (global query row, head). With lse_s the partials' log-sum-exps,
 //   lse = log(sum_s exp(lse_s)),  o = sum_s exp(lse_s - lse) * o_s
 // (the same merge as the online softmax, over splits instead of key blocks). Splits that saw no
 // visible key have lse_s = -inf and weight 0; a row with none at all gets o = 0, lse = -inf.
+// Lane l holds the weights of splits l, l + 32, ..; each o_s is read once, 4 columns a lane where
+// they are 16-byte aligned, with a warp's loads of several splits in flight together. (One split
+// at a time, a column a lane, took 11.8 us for 16 rows of 16 splits, H200 ncu: 8% of a decode call.)
 template <class T>
 __global__ void __launch_bounds__(128) fwd_combine_kernel(const FwdParams p) {
   const int64_t item = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (global_row, head)
@@ -459,18 +542,28 @@ __global__ void __launch_bounds__(128) fwd_combine_kernel(const FwdParams p) {
   const int head = int(item % p.num_heads);
   const int num_splits = p.num_splits;
 
-  float lse_max = kNegInf;
-  for (int s = lane; s < num_splits; s += 32)
-    lse_max = fmaxf(lse_max, p.lse_partial[(int64_t(s) * p.num_heads + head) * p.num_rows + global_row]);
+  constexpr int kPerLane = kMaxSplits / 32;
+  float lse_s[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int s = lane + 32 * i;
+    lse_s[i] = s < num_splits ? p.lse_partial[(int64_t(s) * p.num_heads + head) * p.num_rows + global_row] : kNegInf;
+  }
+  float lse_max = lse_s[0];
+#pragma unroll
+  for (int i = 1; i < kPerLane; ++i) lse_max = fmaxf(lse_max, lse_s[i]);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, offset));
   float sum = 0.f;
   if (lse_max != kNegInf)
-    for (int s = lane; s < num_splits; s += 32)
-      sum += expf(p.lse_partial[(int64_t(s) * p.num_heads + head) * p.num_rows + global_row] - lse_max);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) sum += expf(lse_s[i] - lse_max);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const float lse = sum > 0.f ? lse_max + logf(sum) : kNegInf;
+  float w[kPerLane];  // exp(lse_s - lse); 0 for a split without keys, and everywhere in a row without any
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) w[i] = lse == kNegInf ? 0.f : expf(lse_s[i] - lse);
 
   // The row's place in o and lse.
   int64_t o_offset, lse_index;
@@ -482,14 +575,13 @@ __global__ void __launch_bounds__(128) fwd_combine_kernel(const FwdParams p) {
     o_offset = batch * p.o_batch_stride + row * p.o_row_stride + int64_t(head) * p.o_head_stride;
     lse_index = (batch * p.num_heads + head) * p.seqlen_q + row;
   }
-  for (int col = lane; col < p.head_dim; col += 32) {
-    float acc = 0.f;
-    if (lse != kNegInf)
-      for (int s = 0; s < num_splits; ++s) {
-        const float w = expf(p.lse_partial[(int64_t(s) * p.num_heads + head) * p.num_rows + global_row] - lse);
-        acc += w * p.o_partial[((int64_t(s) * p.num_rows + global_row) * p.num_heads + head) * p.head_dim + col];
-      }
-    static_cast<T*>(p.o)[o_offset + col] = T(acc);
+  const float* o_row = p.o_partial + (global_row * p.num_heads + head) * p.head_dim;  // split 0's partial
+  const int64_t split_stride = p.num_rows * p.num_heads * p.head_dim;
+  T* o = static_cast<T*>(p.o) + o_offset;
+  if (p.head_dim % 4 == 0 && (reinterpret_cast<uintptr_t>(p.o_partial) & 15) == 0) {
+    for (int c = lane; c < p.head_dim / 4; c += 32) combine_columns<4>(o, o_row, split_stride, num_splits, w, c);
+  } else {
+    for (int c = lane; c < p.head_dim; c += 32) combine_columns<1>(o, o_row, split_stride, num_splits, w, c);
   }
   if (p.lse && lane == 0) p.lse[lse_index] = lse;
 }

@@ -23,15 +23,17 @@ Status run_fwd_config(const FwdParams& p, cudaStream_t stream) {
   return {};
 }
 
-// The table's config for kHeadDim, or its decode config where the query rows fit that one's tile
-// (one q-block either way, so the split count chosen with the table's config holds).
+// The table's config for kHeadDim, or the first of its decode and few-rows configs whose tile holds
+// the query rows (one q-block either way, so the split count chosen with the table's config holds).
 template <class T, int kHeadDim>
 Status run_fwd(const FwdParams& p, cudaStream_t stream) {
   constexpr FwdConfig kConfig = fwd_config(kHeadDim);
   static_assert(kConfig.head_dim == kHeadDim, "no forward config for this head_dim");
-  constexpr FwdConfig kDecode = fwd_decode_config(kHeadDim);
-  if constexpr (kDecode.block_m < kConfig.block_m)
+  constexpr FwdConfig kDecode = fwd_decode_config(kHeadDim), kFewRows = fwd_few_rows_config(kHeadDim);
+  if constexpr (kDecode.block_m < kFewRows.block_m)
     if (p.seqlen_q <= kDecode.block_m) return run_fwd_config<T, kDecode>(p, stream);
+  if constexpr (kFewRows.block_m < kConfig.block_m)
+    if (p.seqlen_q <= kFewRows.block_m) return run_fwd_config<T, kFewRows>(p, stream);
   return run_fwd_config<T, kConfig>(p, stream);
 }
 
