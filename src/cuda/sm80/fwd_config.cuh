@@ -97,7 +97,7 @@ constexpr FwdConfig fwd_few_rows_config(int kernel_head_dim) {
 // 0.83-0.97 of the 2 stages, and block_n 128 0.97-1.0 (session 61).
 constexpr FwdConfig fwd_decode_config(int kernel_head_dim) {
   const FwdConfig c = fwd_few_rows_config(kernel_head_dim);
-  if (!FLASHATTN_SM80_DECODE_SPLIT_KEYS || c.block_m <= 16) return c;
+  if (!FLASHATTN_SM80_DECODE_SPLIT_KEYS || FLASHATTN_SM80_DECODE_WARPS <= 0 || c.head_dim > 128) return c;
   return {c.head_dim, 16, c.block_n, c.warps, c.stages};
 }
 
