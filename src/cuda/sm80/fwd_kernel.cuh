@@ -502,10 +502,11 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
 }
 
 // Columns [kVec c, kVec c + kVec) of the combined o: every split's partial (o_row + s * split_stride)
-// weighted by w of its lane (split s: lane s % 32, w[s / 32]) and summed.
+// weighted by w of its lane (split s: lane s % 32, w[s / 32]) and summed. The whole warp calls it (the
+// weights go round by shuffles); lanes with c past the row (!active) load and store nothing.
 template <int kVec, int kPerLane, class T>
 __device__ __forceinline__ void combine_columns(T* o, const float* o_row, int64_t split_stride, int num_splits,
-                                                const float (&w)[kPerLane], int c) {
+                                                const float (&w)[kPerLane], int c, bool active) {
   float acc[kVec] = {};
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
@@ -513,6 +514,7 @@ __device__ __forceinline__ void combine_columns(T* o, const float* o_row, int64_
 #pragma unroll 4
     for (int j = 0; j < splits_i; ++j) {
       const float ws = __shfl_sync(0xffffffffu, w[i], j);
+      if (!active) continue;
       const float* src = o_row + (32 * i + j) * split_stride + kVec * c;
       if constexpr (kVec == 4) {
         const float4 x = *reinterpret_cast<const float4*>(src);
@@ -522,8 +524,9 @@ __device__ __forceinline__ void combine_columns(T* o, const float* o_row, int64_
       }
     }
   }
+  if (active)
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) o[kVec * c + e] = T(acc[e]);
+    for (int e = 0; e < kVec; ++e) o[kVec * c + e] = T(acc[e]);
 }
 
 // Split-KV combine: one warp per (global query row, head). With lse_s the partials' log-sum-exps,
@@ -578,10 +581,13 @@ __global__ void __launch_bounds__(128) fwd_combine_kernel(const FwdParams p) {
   const float* o_row = p.o_partial + (global_row * p.num_heads + head) * p.head_dim;  // split 0's partial
   const int64_t split_stride = p.num_rows * p.num_heads * p.head_dim;
   T* o = static_cast<T*>(p.o) + o_offset;
+  // Warp-uniform loops: every lane takes part in the shuffles, also past the last column.
   if (p.head_dim % 4 == 0 && (reinterpret_cast<uintptr_t>(p.o_partial) & 15) == 0) {
-    for (int c = lane; c < p.head_dim / 4; c += 32) combine_columns<4>(o, o_row, split_stride, num_splits, w, c);
+    for (int c0 = 0; c0 < p.head_dim / 4; c0 += 32)
+      combine_columns<4>(o, o_row, split_stride, num_splits, w, c0 + lane, c0 + lane < p.head_dim / 4);
   } else {
-    for (int c = lane; c < p.head_dim; c += 32) combine_columns<1>(o, o_row, split_stride, num_splits, w, c);
+    for (int c0 = 0; c0 < p.head_dim; c0 += 32)
+      combine_columns<1>(o, o_row, split_stride, num_splits, w, c0 + lane, c0 + lane < p.head_dim);
   }
   if (p.lse && lane == 0) p.lse[lse_index] = lse;
 }
