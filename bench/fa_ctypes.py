@@ -45,6 +45,11 @@ def load(path=None):
     return lib
 
 
+def load_named(specs):
+    """Several builds side by side (the A/B scripts): "NAME=LIB,NAME=LIB" -> {name: library}, in order."""
+    return {name: load(path) for name, _, path in (spec.partition("=") for spec in specs.split(","))}
+
+
 def _set(p, prefix, t):
     b, s, h, _ = t.stride()
     setattr(p, f"{prefix}_batch_stride", b)

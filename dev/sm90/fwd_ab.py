@@ -21,10 +21,7 @@ import fa_ctypes as fa  # noqa: E402
 import gpu_bench as gb  # noqa: E402
 from event_timing import median_ms  # noqa: E402
 
-libs = {}
-for spec in sys.argv[1].split(","):
-    name, _, path = spec.partition("=")
-    libs[name] = fa.load(path)
+libs = fa.load_named(sys.argv[1])
 if len(sys.argv) > 2:
     shapes = [tuple(int(x) for x in s.split(",")) for s in sys.argv[2].split(";")]
 else:

@@ -45,6 +45,15 @@ std::vector<Case> sm80_forward_cases() {
       r.head_dim = 128, r.causal = true;
       out.push_back(r);
     }
+    // The 16-row tiles with a sliding window (its left edge moves a key a row, across the warps' key
+    // slices), then with softcap and forced splits too.
+    for (int d : {64, 128}) {
+      Case w = fa_test::make_case(dt, 2, 9, 3000, 4, 4, d);
+      w.window_left = 700, w.window_right = 0;
+      out.push_back(w);
+      w.softcap = 5.f, w.softmax_scale = 0.3f, w.num_splits = 3;
+      out.push_back(w);
+    }
     for (int d : {32, 80, 128}) {
       Case r;
       r.dtype = dt, r.batch = 3, r.seqlen_q = 1, r.seqlen_k = d == 128 ? 5001 : 2500, r.num_heads = 16, r.num_heads_kv = 2, r.head_dim = d;
