@@ -138,10 +138,12 @@ def interleaved(fns, rep, flush=torch.Tensor.zero_):
 
 
 def torch_fwd(backend, q, k, v, causal):
-    # SDPA takes (batch, heads, seqlen, d): transposed views of the same memory.
+    # SDPA takes (batch, heads, seqlen, d): transposed views of the same memory. Fewer k, v heads than q
+    # heads (GQA) go through SDPA's enable_gqa (torch 2.5 on; a backend without it raises).
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    gqa = {"enable_gqa": True} if k.shape[2] != q.shape[2] else {}
     with sdpa_kernel([backend]):
-        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **gqa).transpose(1, 2)
 
 
 def bench_case(lib, impls, batch, heads, seqlen, d, causal, passes, device, date, dtype=torch.bfloat16):
@@ -259,23 +261,32 @@ def classic(lib, device, date):
     return rows
 
 
+# Decode problems: (query heads, kv heads, [(batch, cache length)]). 16 heads without GQA, and ANCHORS.md's
+# decode table (32 query heads over 8 kv heads).
+DECODE_SETS = [(16, 16, [(b, sk) for b in (1, 4, 16) for sk in (4096, 16384, 65536)]),
+               (32, 8, [(1, 32768), (1, 131072), (8, 16384), (32, 8192)])]
+
+
 def decode(lib, impls, device, date):
-    """One query row against a long key/value cache (inference decode), MHA, head_dim 128, bf16: the
-    case where batch x heads x q-blocks cannot fill the GPU and the keys must be split. The figure of
-    merit is the bandwidth of reading K and V once (GB/s); flashattn-auto is the library's own choice."""
+    """One query row against a long key/value cache (inference decode), head_dim 128, bf16: the case where
+    batch x heads x q-blocks cannot fill the GPU and the keys must be split. The figure of merit is the
+    bandwidth of reading K and V once (GB/s); flashattn-auto is the library's own choice. The reference
+    is the math backend on K, V repeated to every query head."""
     rows = []
-    heads, d = 16, 128
-    for batch in (1, 4, 16):
-        for sk in (4096, 16384, 65536):
-            gen = torch.Generator(device="cuda").manual_seed(batch * 7 + sk)
+    d = 128
+    for heads, heads_kv, shapes in DECODE_SETS:
+        for batch, sk in shapes:
+            gen = torch.Generator(device="cuda").manual_seed(batch * 7 + sk + heads_kv)
             q = torch.randn(batch, 1, heads, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-            k, v = (torch.randn(batch, sk, heads, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+            k, v = (torch.randn(batch, sk, heads_kv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
                     for _ in range(2))
             kv_bytes = 2 * k.numel() * k.element_size()
-            base = dict(dtype="bf16", batch=batch, heads=heads, seqlen_q=1, seqlen_k=sk, head_dim=d, causal=False,
-                        device=device, date=date, problem="decode")
+            base = dict(dtype="bf16", batch=batch, heads=heads, heads_kv=heads_kv, seqlen_q=1, seqlen_k=sk,
+                        head_dim=d, causal=False, device=device, date=date, problem="decode")
             with torch.no_grad():
-                ref = torch_fwd(SDPBackend.FLASH_ATTENTION, q, k, v, False).float()
+                kr, vr = (x.repeat_interleave(heads // heads_kv, 2) for x in (k, v))
+                ref = torch_fwd(SDPBackend.MATH, q.float(), kr.float(), vr.float(), False)
+                del kr, vr
             for impl in ["flashattn-auto"] + [i for i in impls if i != "torch-math"]:
                 try:
                     if impl.startswith("flashattn"):
@@ -291,10 +302,12 @@ def decode(lib, impls, device, date):
                                      tflops=flops(batch, heads, 1, sk, d, False, False) / ms / 1e9,
                                      gbps=kv_bytes / ms / 1e6, max_abs_diff=diff))
                 except Exception as e:
-                    print(f"  decode {impl} b={batch} sk={sk}: {type(e).__name__}: {e}", file=sys.stderr)
-            print(f"decode b={batch} sk={sk}: " + " ".join(f"{r['impl']}={r['gbps']:.0f}GB/s" for r in rows
-                                                           if r["batch"] == batch and r["seqlen_k"] == sk), flush=True)
-            del k, v
+                    print(f"  decode {impl} h={heads}:{heads_kv} b={batch} sk={sk}: {type(e).__name__}: {e}",
+                          file=sys.stderr)
+            print(f"decode h={heads}:{heads_kv} b={batch} sk={sk}: " + " ".join(
+                f"{r['impl']}={r['gbps']:.0f}GB/s" for r in rows
+                if (r["heads"], r["heads_kv"], r["batch"], r["seqlen_k"]) == (heads, heads_kv, batch, sk)), flush=True)
+            del q, k, v, ref
             torch.cuda.empty_cache()
     return rows
 

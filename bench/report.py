@@ -77,12 +77,15 @@ def table(rows):
         for r in classic:
             lines.append(f"| {r['impl']} | {r['ms']:.3f} | {r['tflops']:.0f} | {r.get('peak_extra_mb', 0):.0f} |")
     dec = [r for r in rows if r.get("problem") == "decode"]
-    if dec:
-        shapes = sorted({(r["batch"], r["seqlen_k"]) for r in dec})
-        impls = sorted({r["impl"] for r in dec})
-        gbps = {(r["impl"], r["batch"], r["seqlen_k"]): r["gbps"] for r in dec}
-        lines.append(f"\n**decode: one query row, {dec[0]['heads']} heads, head_dim {dec[0]['head_dim']}, "
-                     f"{dec[0]['dtype']}** (GB/s of K and V read)\n")
+    # A table for each head configuration (rows before the GQA set have no heads_kv: as many as heads).
+    for heads, heads_kv in sorted({(r["heads"], r.get("heads_kv", r["heads"])) for r in dec}):
+        part = [r for r in dec if (r["heads"], r.get("heads_kv", r["heads"])) == (heads, heads_kv)]
+        shapes = sorted({(r["batch"], r["seqlen_k"]) for r in part})
+        impls = sorted({r["impl"] for r in part})
+        gbps = {(r["impl"], r["batch"], r["seqlen_k"]): r["gbps"] for r in part}
+        heads_text = f"{heads} heads" if heads == heads_kv else f"{heads} query heads over {heads_kv} kv heads"
+        lines.append(f"\n**decode: one query row, {heads_text}, head_dim {part[0]['head_dim']}, "
+                     f"{part[0]['dtype']}** (GB/s of K and V read)\n")
         lines.append("| impl | " + " | ".join(f"b{b} {sk // 1024}k" for b, sk in shapes) + " |")
         lines.append("|---|" + "---|" * len(shapes))
         for impl in impls:
