@@ -28,7 +28,8 @@ class Params(ctypes.Structure):
                    ("dtype", ctypes.c_int), ("softmax_scale", _f), ("causal", _i32),
                    ("window_left", _i32), ("window_right", _i32), ("softcap", _f), ("deterministic", _i32),
                    ("stream", _vp), ("workspace", _vp), ("workspace_bytes", ctypes.c_size_t),
-                   ("num_threads", _i32), ("cpu_cache_bytes", _i64), ("num_splits", _i32)])
+                   ("num_threads", _i32), ("cpu_cache_bytes", _i64), ("num_splits", _i32),
+                   ("seqused_k", _vp)])
 
 
 def load(path=None):

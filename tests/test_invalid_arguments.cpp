@@ -19,6 +19,7 @@ struct Buffers {
   std::vector<uint16_t> q, k, v, o, dout, dq, dk, dv;
   std::vector<float> lse;
   std::vector<int32_t> cu_q{0, 2, 5}, cu_k{0, 7, 14};
+  std::vector<int32_t> used_k{7, 3};  // a KV cache's used keys (seqused_k)
   fa_params p;
 
   Buffers() {
@@ -219,6 +220,22 @@ TEST(InvalidArguments, CuSeqlensLastEntryDiffersFromTotal) {
 
 TEST(InvalidArguments, CuSeqlensSequenceLongerThanTheMaxSeqlen) {
   expect_rejected([](Buffers& b) { b.make_varlen(); b.p.seqlen_q = 2; }, FA_ERROR_INVALID_ARGUMENT, {"cu_seqlens_q", "seqlen"});
+}
+
+TEST(InvalidArguments, SequsedK) {
+  for (fa_impl impl : kCpuImpls) {
+    Buffers b;
+    b.p.seqused_k = b.used_k.data();
+    EXPECT_EQ(fa_forward(&b.p, impl), FA_OK) << fa_impl_name(impl) << ": " << fa_last_error();
+  }
+  expect_rejected([](Buffers& b) { b.p.seqused_k = b.used_k.data(); b.used_k[1] = 8; }, FA_ERROR_INVALID_ARGUMENT,
+                  {"seqused_k[1]", "8", "seqlen_k"}, true, false);
+  expect_rejected([](Buffers& b) { b.p.seqused_k = b.used_k.data(); b.used_k[0] = -1; }, FA_ERROR_INVALID_ARGUMENT,
+                  {"seqused_k[0]"}, true, false);
+  expect_rejected([](Buffers& b) { b.p.seqused_k = b.used_k.data(); b.make_varlen(); }, FA_ERROR_UNSUPPORTED,
+                  {"seqused_k", "cu_seqlens"});
+  expect_rejected([](Buffers& b) { b.p.seqused_k = b.used_k.data(); }, FA_ERROR_UNSUPPORTED, {"seqused_k", "backward"},
+                  false, true);
 }
 
 TEST(InvalidArguments, WindowBelowMinusOne) {

@@ -109,6 +109,11 @@ typedef struct fa_params {
   int32_t num_threads;     /* CPU: 0 = every core */
   int64_t cpu_cache_bytes; /* CPU: the on-chip budget M that sets the block sizes; 0 = L2 size */
   int32_t num_splits;      /* CUDA forward split-KV: 0 = heuristic, 1 = off */
+
+  /* KV cache (forward only, not with varlen): sequence b uses keys [0, seqused_k[b]) of its seqlen_k
+   * allocated rows, and causal / window masks align to that length. NULL: all seqlen_k keys.
+   * Memory of the backend's device. Appended last, so the fields above keep their offsets. */
+  const int32_t* seqused_k;
 } fa_params;
 
 /* Zeroes *p and sets the defaults (window -1/-1, dtype fp16, scale 0 = 1/sqrt(d)). */

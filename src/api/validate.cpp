@@ -13,13 +13,13 @@ namespace flashattn {
 
 ImplLimits impl_limits(fa_impl impl) {
   switch (impl) {
-    case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true};
-    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true};
-    case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true};
-    case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false};
-    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false};
-    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false};
-    default: return {0, false, false, false, false, false};
+    case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true, true};
+    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true};
+    case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true};
+    case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false};
+    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true};
+    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false};
+    default: return {0, false, false, false, false, false, false};
   }
 }
 
@@ -128,6 +128,11 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
     if (p.total_q < 0) return invalid("total_q must be >= 0 (got %lld)", (long long)p.total_q);
     if (p.total_k < 0) return invalid("total_k must be >= 0 (got %lld)", (long long)p.total_k);
   }
+  if (p.seqused_k) {
+    if (varlen) return unsupported("seqused_k with cu_seqlens: a KV cache's used lengths need the padded (batch, seqlen_k) layout");
+    if (pass == Pass::Backward) return unsupported("seqused_k: the backward pass does not take it (a KV cache is for the forward)");
+    if (!lim.seqused_k) return unsupported("seqused_k is not supported by %s", fa_impl_name(impl));
+  }
   if (p.batch == 0) return {};
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t nbatch = varlen ? 1 : p.batch;
@@ -158,6 +163,11 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
   if (varlen && lim.host_memory) {
     FA_RETURN_IF_ERROR(check_cu_seqlens("cu_seqlens_q", p.cu_seqlens_q, p.batch, p.total_q, p.seqlen_q));
     FA_RETURN_IF_ERROR(check_cu_seqlens("cu_seqlens_k", p.cu_seqlens_k, p.batch, p.total_k, p.seqlen_k));
+  }
+  if (p.seqused_k && lim.host_memory) {
+    for (int32_t b = 0; b < p.batch; ++b)
+      if (p.seqused_k[b] < 0 || p.seqused_k[b] > p.seqlen_k)
+        return invalid("seqused_k[%d] = %d must lie in [0, seqlen_k = %d]", b, p.seqused_k[b], p.seqlen_k);
   }
 
   // Outputs must not overlap themselves, inputs or each other.

@@ -28,6 +28,7 @@ struct ImplLimits {
   bool fp32, fp16, bf16;
   bool backward;
   bool host_memory;  // pointers must be host memory (the CPU backend); else device memory
+  bool seqused_k;    // takes a KV cache's used lengths (fa_params::seqused_k)
 };
 
 ImplLimits impl_limits(fa_impl impl);

@@ -34,7 +34,7 @@ struct Sequence {
   int32_t seqlen_q = 0, seqlen_k = 0;
 };
 
-// Host-readable cu_seqlens only (the CPU backend). Lengths were validated non-negative.
+// Host-readable cu_seqlens and seqused_k only (the CPU backend). Lengths were validated.
 inline Sequence sequence(const fa_params& p, int32_t b) {
   Sequence s;
   s.batch_index = b;
@@ -45,7 +45,7 @@ inline Sequence sequence(const fa_params& p, int32_t b) {
     s.seqlen_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
   } else {
     s.seqlen_q = p.seqlen_q;
-    s.seqlen_k = p.seqlen_k;
+    s.seqlen_k = p.seqused_k ? p.seqused_k[b] : p.seqlen_k;  // a KV cache's used keys
   }
   return s;
 }

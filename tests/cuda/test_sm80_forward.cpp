@@ -17,6 +17,7 @@ std::vector<Case> sm80_forward_cases() {
   std::vector<Case> out;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
     for (const Case& c : fa_test::standard_forward_cases(dt, 256)) out.push_back(c);
+    for (const Case& c : fa_test::kv_cache_cases(dt)) out.push_back(c);  // seqused_k
     // Split-KV: forced splits over a few key blocks each, causal and windowed; then the heuristic's
     // own choice on a decode-like problem (one q-block per head, long keys, GQA).
     Case s;

@@ -35,6 +35,11 @@ std::string Case::name() const {
     list(seqlens_k);
     s << "]";
   }
+  if (!seqused_k.empty()) {
+    s << " used[";
+    for (size_t i = 0; i < seqused_k.size(); ++i) s << (i ? "," : "") << seqused_k[i];
+    s << "]";
+  }
   if (causal) s << " causal";
   if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
   if (softcap > 0.f) s << " softcap" << softcap;
@@ -116,7 +121,7 @@ struct DeviceBuffer {
 
 std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
   fa_params p = pr.params();
-  DeviceBuffer q, k, v, o, dout, dq, dk, dv, lse, cu_q, cu_k, workspace;
+  DeviceBuffer q, k, v, o, dout, dq, dk, dv, lse, cu_q, cu_k, used_k, workspace;
   std::string err;
   auto up = [&](DeviceBuffer& d, const void* host, size_t n) {
     if (err.empty()) err = d.upload(host, n);
@@ -132,6 +137,7 @@ std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
   up(lse, pr.lse.data(), pr.lse.size() * sizeof(float));
   up(cu_q, pr.cu_q.data(), pr.cu_q.size() * sizeof(int32_t));
   up(cu_k, pr.cu_k.data(), pr.cu_k.size() * sizeof(int32_t));
+  up(used_k, pr.used_k.data(), pr.used_k.size() * sizeof(int32_t));
   if (!err.empty()) return err;
   p.q = q.ptr;
   p.k = k.ptr;
@@ -146,6 +152,7 @@ std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
     p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.ptr);
     p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.ptr);
   }
+  if (!pr.used_k.empty()) p.seqused_k = static_cast<const int32_t*>(used_k.ptr);
   size_t ws = 0;
   fa_status s = fa_workspace_size(&p, impl, backward ? 1 : 0, &ws);
   if (s != FA_OK) return "fa_workspace_size: " + status_text(s);
@@ -501,6 +508,25 @@ std::vector<Case> keep(const std::vector<Case>& cases, int max_head_dim) {
 }
 
 }  // namespace
+
+std::vector<Case> kv_cache_cases(fa_dtype dt) {
+  std::vector<Case> v;
+  Case c = make_case(dt, 3, 1, 700, 4, 4, 64);
+  c.seqused_k = {700, 0, 333};
+  v.push_back(c);
+  c = make_case(dt, 3, 5, 300, 8, 2, 128);
+  c.seqused_k = {3, 300, 129};
+  v.push_back(c);
+  c.causal = true;
+  v.push_back(c);
+  c.causal = false, c.window_left = 40, c.window_right = 0;
+  v.push_back(c);
+  c = make_case(dt, 2, 1, 2000, 16, 2, 64);
+  c.seqused_k = {1999, 1000};
+  c.num_splits = 4;
+  v.push_back(c);
+  return v;
+}
 
 std::vector<Case> standard_forward_cases(fa_dtype dt, int max_head_dim) {
   std::vector<Case> v;

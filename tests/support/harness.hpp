@@ -34,6 +34,7 @@ struct Case {  // one problem
   float softcap = 0.f;
   float softmax_scale = 0.f;
   std::vector<int> seqlens_q, seqlens_k;  // non-empty: varlen (packed) with these lengths (may contain 0)
+  std::vector<int> seqused_k;             // non-empty: a KV cache's used keys per sequence (the rest are NaN)
   bool bhsd = false;                      // memory laid out (batch, heads, seqlen, head_dim)
   int row_padding = 0;                    // extra elements after each head vector and each row
   bool deterministic = false;
@@ -71,6 +72,9 @@ bool hopper_present();
 // The awkward-shape lists every implementation is tested on (head dims, seqlens, masks, GQA/MQA,
 // varlen with zero-length sequences, strided views), limited to head_dim <= max_head_dim.
 std::vector<Case> standard_forward_cases(fa_dtype dtype, int max_head_dim);
+// KV-cache forwards (fa_params::seqused_k): used lengths of all, none and some keys of a padded cache,
+// causal (rows above the shortest cache's diagonal fully masked), windowed, GQA, split across CTAs.
+std::vector<Case> kv_cache_cases(fa_dtype dtype);
 std::vector<Case> standard_backward_cases(fa_dtype dtype, int max_head_dim);
 
 // A gtest parameter name for a case: the name with every non-alphanumeric character made '_'.

@@ -88,7 +88,7 @@ SeqRange Problem::seq(int b) const {
   } else {
     s.bq = s.bk = b;
     s.seqlen_q = c.seqlen_q;
-    s.seqlen_k = c.seqlen_k;
+    s.seqlen_k = used_k.empty() ? c.seqlen_k : used_k[size_t(b)];
   }
   return s;
 }
@@ -130,6 +130,7 @@ fa_params Problem::params() {
     p.total_q = rows_q;
     p.total_k = rows_k;
   }
+  p.seqused_k = used_k.empty() ? nullptr : used_k.data();
   p.dtype = c.dtype;
   p.softmax_scale = c.softmax_scale;
   p.causal = c.causal ? 1 : 0;
@@ -197,6 +198,21 @@ Problem make_problem(const Case& c, uint64_t seed) {
   fill(pr.k, pr.kf);
   fill(pr.v, pr.vf);
   fill(pr.dout, pr.dof);
+  if (!c.seqused_k.empty()) {
+    // A KV cache: the rows past a sequence's used keys hold NaN, so reading one shows.
+    if (pr.varlen || c.seqused_k.size() != size_t(c.batch))
+      throw std::invalid_argument("Case: seqused_k needs a padded batch and one length per sequence");
+    pr.used_k.assign(c.seqused_k.begin(), c.seqused_k.end());
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t b = 0; b < pr.nb; ++b)
+      for (int64_t j = pr.used_k[size_t(b)]; j < pr.rows_k; ++j)
+        for (int64_t e = 0; e < int64_t(hk) * d; ++e) {
+          const size_t i = size_t((b * pr.rows_k + j) * hk * d + e);
+          pr.kf[i] = pr.vf[i] = nan;
+        }
+    pr.k.set(pr.kf);
+    pr.v.set(pr.vf);
+  }
   return pr;
 }
 
@@ -219,6 +235,7 @@ struct Fp32Copy {
     pr.max_seqlen_k = src.max_seqlen_k;
     pr.cu_q = src.cu_q;
     pr.cu_k = src.cu_k;
+    pr.used_k = src.used_k;
     pr.scale = src.scale;
     const int h = src.c.num_heads, hk = src.c.num_heads_kv, d = src.c.head_dim;
     auto make = [&](int64_t rows, int heads) { return make_tensor(FA_FLOAT32, pr.nb, rows, heads, d, false, 0); };

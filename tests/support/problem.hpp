@@ -53,6 +53,7 @@ struct Problem {
   int64_t nb = 0, rows_q = 0, rows_k = 0;  // tensor dims: varlen (1, total, ...), else (batch, seqlen, ...)
   int max_seqlen_q = 0, max_seqlen_k = 0;
   std::vector<int32_t> cu_q, cu_k;
+  std::vector<int32_t> used_k;  // fa_params::seqused_k (empty: none)
   float scale = 0.f;  // the effective softmax scale
   HostTensor q, k, v, o, dout, dq, dk, dv;
   std::vector<float> lse;  // (nb, heads, rows_q)

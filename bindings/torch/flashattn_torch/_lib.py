@@ -42,6 +42,7 @@ class FaParams(ctypes.Structure):
            ("window_right", _i32), ("softcap", _f32), ("deterministic", _i32)]
         + [("stream", _ptr), ("workspace", _ptr), ("workspace_bytes", ctypes.c_size_t),
            ("num_threads", _i32), ("cpu_cache_bytes", _i64), ("num_splits", _i32)]
+        + [("seqused_k", _ptr)]
     )
 
 

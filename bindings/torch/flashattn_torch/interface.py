@@ -5,9 +5,12 @@
 
 As in flash_attn, return_attn_probs=True returns (out, softmax_lse, S_dmask) where S_dmask is
 None unless dropout_p > 0; this library has no dropout, so it is always None here. Arguments the
-library does not implement (dropout_p > 0, alibi_slopes, block_table) raise NotImplementedError
-naming them; nothing is silently ignored.
+library does not implement (dropout_p > 0, alibi_slopes, block_table; in flash_attn_with_kvcache
+also rotary and the cache index / left padding) raise NotImplementedError naming them; nothing is
+silently ignored.
 """
+
+import torch
 
 from . import ops
 
@@ -83,6 +86,51 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     q, k, v = qkv.unbind(1)
     return _attention(q, k, v, cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen), dropout_p, softmax_scale,
                       causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                            cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Decode / chunked prefill over a KV cache (forward only). q (batch, seqlen_q, nheads, headdim),
+    k_cache / v_cache (batch, seqlen_cache, nheads_k, headdim). cache_seqlens (int, or int32 (batch,)):
+    the cache rows in use per sequence (None: all). k / v (batch, seqlen_new, nheads_k, headdim), when
+    given, are written into the caches in place at rows cache_seqlens .. + seqlen_new (which must fit)
+    and attended to as well. Causal and window masks align to the end of the used rows. Returns out
+    like q; with return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). Not implemented
+    (NotImplementedError): rotary_cos / rotary_sin, cache_batch_idx, cache_leftpad, block_table,
+    alibi_slopes."""
+    _unsupported(0.0, alibi_slopes, block_table)
+    for name, arg in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
+                      ("cache_leftpad", cache_leftpad)):
+        if arg is not None:
+            raise NotImplementedError(f"flashattn: {name} is not supported by flash_attn_with_kvcache")
+    if (k is None) != (v is None):
+        raise ValueError("flashattn: pass both k and v (the new keys and values), or neither")
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** (-0.5)
+    elif softmax_scale == 0:
+        raise ValueError("flashattn: softmax_scale=0.0 is not supported; pass None for the default")
+    batch = q.shape[0]
+    used = None
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, int):
+            used = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+        else:
+            used = cache_seqlens.to(device=q.device, dtype=torch.int32)
+    if k is not None:
+        if used is None:
+            raise ValueError("flashattn: k and v are appended at cache_seqlens: pass cache_seqlens with them")
+        rows = used.long()[:, None] + torch.arange(k.shape[1], device=q.device)  # (batch, seqlen_new)
+        batch_index = torch.arange(batch, device=q.device)[:, None]
+        k_cache[batch_index, rows] = k
+        v_cache[batch_index, rows] = v
+        used = used + k.shape[1]
+    left, right = _window(window_size)
+    softcap = float(softcap) if softcap > 0 else 0.0
+    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, used, float(softmax_scale), bool(causal), left, right, softcap,
+                               int(num_splits))
+    return (out, lse) if return_softmax_lse else out
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,

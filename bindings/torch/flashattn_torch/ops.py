@@ -145,6 +145,16 @@ def _lse_shape(q, varlen):
     return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
 
 
+def _forward_outputs(q, varlen):
+    """out like q and lse, NaN-filled when the tests ask (poison_outputs)."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
+    if poison_outputs:
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    return out, lse
+
+
 def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
         window_right: int, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
@@ -154,11 +164,7 @@ def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor]
     varlen = cu_seqlens_q is not None
     if varlen:
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
-    if poison_outputs:
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
+    out, lse = _forward_outputs(q, varlen)
     p = _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                 window_left, window_right, softcap, deterministic)
     _set_tensor(p, "q", q)
@@ -213,6 +219,39 @@ def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
               causal, window_left, window_right, softcap, deterministic):
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_used: Optional[Tensor], softmax_scale: float,
+        causal: bool, window_left: int, window_right: int, softcap: float, num_splits: int) -> Tuple[Tensor, Tensor]:
+    """(out, lse) over a KV cache (forward only): sequence b attends to keys [0, cache_used[b]) of its
+    k_cache / v_cache rows (fa_params.seqused_k; None: all of them), masks aligned to that length."""
+    _check(q, k_cache, v_cache, None, None)
+    q, k_cache, v_cache = _usable(q), _usable(k_cache), _usable(v_cache)
+    if cache_used is not None:
+        if cache_used.dtype != torch.int32 or cache_used.shape != (q.shape[0],) or cache_used.device != q.device:
+            raise ValueError(f"flashattn: the cache lengths must be an int32 tensor (batch,) on {q.device} "
+                             f"(got {cache_used.dtype}, shape {tuple(cache_used.shape)}, {cache_used.device})")
+        cache_used = cache_used.contiguous()
+    out, lse = _forward_outputs(q, False)
+    p = _params(q, k_cache, None, None, 0, 0, softmax_scale, causal, window_left, window_right, softcap, False)
+    p.num_splits = num_splits
+    if cache_used is not None:
+        p.seqused_k = cache_used.data_ptr()
+    for name, t in (("q", q), ("k", k_cache), ("v", v_cache), ("o", out)):
+        _set_tensor(p, name, t)
+    p.lse = lse.data_ptr()
+    _run(_lib.lib.fa_forward, p, q.device, False)
+    return out, lse
+
+
+fwd_kvcache = torch.library.custom_op("flashattn::fwd_kvcache", kvcache_forward_impl, mutates_args=())
+
+
+@fwd_kvcache.register_fake
+def _fwd_kvcache_fake(q, k_cache, v_cache, cache_used, softmax_scale, causal, window_left, window_right, softcap,
+                      num_splits):
+    _check(q, k_cache, v_cache, None, None)
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, False), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):

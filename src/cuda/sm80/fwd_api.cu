@@ -83,6 +83,7 @@ FwdParams make_params(const fa_params& p, int splits) {
   f.o_batch_stride = p.o_batch_stride, f.o_row_stride = p.o_row_stride, f.o_head_stride = p.o_head_stride;
   f.cu_seqlens_q = p.cu_seqlens_q;
   f.cu_seqlens_k = p.cu_seqlens_k;
+  f.seqused_k = p.seqused_k;
   f.batch = p.batch, f.seqlen_q = p.seqlen_q, f.seqlen_k = p.seqlen_k;
   f.num_heads = p.num_heads, f.num_heads_kv = p.num_heads_kv, f.head_dim = p.head_dim;
   f.group = p.num_heads / p.num_heads_kv;

@@ -141,6 +141,7 @@ struct FwdParams {
   int64_t o_batch_stride, o_row_stride, o_head_stride;
   const int32_t* cu_seqlens_q;  // varlen when set
   const int32_t* cu_seqlens_k;
+  const int32_t* seqused_k;  // a KV cache's used keys per sequence (nullptr: seqlen_k)
   int32_t batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim;
   int32_t group;        // num_heads / num_heads_kv
   int64_t total_q;      // varlen: rows of packed q

@@ -131,6 +131,8 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     k_start = p.cu_seqlens_k[batch];
     seqlen_q = p.cu_seqlens_q[batch + 1] - int(q_start);
     seqlen_k = p.cu_seqlens_k[batch + 1] - int(k_start);
+  } else if (p.seqused_k) {
+    seqlen_k = p.seqused_k[batch];  // the keys past it are a KV cache's unused rows
   }
   const int m0 = m_block * kBlockM;
   if (m0 >= seqlen_q) return;
