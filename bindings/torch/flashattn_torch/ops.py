@@ -145,13 +145,18 @@ def _lse_shape(q, varlen):
     return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
 
 
-def _forward_outputs(q, varlen):
-    """out like q and lse, NaN-filled when the tests ask (poison_outputs)."""
+def _forward(p, q, k, v, varlen):
+    """(out, lse): fa_forward with p's sizes and settings on q, k, v, into new outputs (NaN-filled first
+    when the tests ask: poison_outputs)."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
     if poison_outputs:
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+        _set_tensor(p, name, t)
+    p.lse = lse.data_ptr()
+    _run(_lib.lib.fa_forward, p, q.device, False)
     return out, lse
 
 
@@ -164,16 +169,9 @@ def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor]
     varlen = cu_seqlens_q is not None
     if varlen:
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    out, lse = _forward_outputs(q, varlen)
     p = _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                 window_left, window_right, softcap, deterministic)
-    _set_tensor(p, "q", q)
-    _set_tensor(p, "k", k)
-    _set_tensor(p, "v", v)
-    _set_tensor(p, "o", out)
-    p.lse = lse.data_ptr()
-    _run(_lib.lib.fa_forward, p, q.device, False)
-    return out, lse
+    return _forward(p, q, k, v, varlen)
 
 
 fwd = torch.library.custom_op("flashattn::fwd", forward_impl, mutates_args=())
@@ -232,16 +230,11 @@ def kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_used
             raise ValueError(f"flashattn: the cache lengths must be an int32 tensor (batch,) on {q.device} "
                              f"(got {cache_used.dtype}, shape {tuple(cache_used.shape)}, {cache_used.device})")
         cache_used = cache_used.contiguous()
-    out, lse = _forward_outputs(q, False)
     p = _params(q, k_cache, None, None, 0, 0, softmax_scale, causal, window_left, window_right, softcap, False)
     p.num_splits = num_splits
     if cache_used is not None:
         p.seqused_k = cache_used.data_ptr()
-    for name, t in (("q", q), ("k", k_cache), ("v", v_cache), ("o", out)):
-        _set_tensor(p, name, t)
-    p.lse = lse.data_ptr()
-    _run(_lib.lib.fa_forward, p, q.device, False)
-    return out, lse
+    return _forward(p, q, k_cache, v_cache, False)
 
 
 fwd_kvcache = torch.library.custom_op("flashattn::fwd_kvcache", kvcache_forward_impl, mutates_args=())

@@ -34,7 +34,7 @@ int64_t num_rows(const fa_params& p) { return is_varlen(p) ? p.total_q : int64_t
 // the H100 (16 heads, head_dim 128) read K and V fastest at 8-16 splits at batch 1, 4 at batch 4,
 // 1 at batch 16 (dev/sm80fwd/decode_splits.py); 8 CTAs per SM there split 2-4 times too often and
 // read 10-30% slower, and 17 splits at batch 1 (272 CTAs) 20% slower than 16. On an H200 with the
-// 16-row decode tiles (3 fit an SM), a target of 3 CTAs per SM read 0.98-1.0 of 2 (session 61).
+// 16-row decode tiles (3 fit an SM), a target of 3 CTAs per SM read 0.96-1.0 of 2 at 16 heads and 0.78 with 32 query heads over one kv head (session 61).
 int num_splits(const fa_params& p, const FwdConfig& c) {
   const int n_blocks = (p.seqlen_k + c.block_n - 1) / c.block_n;
   const int max_splits = std::min({kMaxSplits, std::max(n_blocks, 1), 65535 / std::max(p.batch, 1)});

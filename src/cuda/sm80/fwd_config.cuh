@@ -94,7 +94,8 @@ constexpr FwdConfig fwd_few_rows_config(int kernel_head_dim) {
 // in the 64-row tiles every warp reads every k and v element from shared memory (L1 69.7% busy
 // against cuDNN's 20.7% at batch 16, 16k keys: ncu, H200). Split: +3-14% over them at 16 heads,
 // head_dim 128, batch 1-16, 4k-64k keys (H200). Deeper rings of k/v stages (3-6, block_n 32-64) read
-// 0.83-0.97 of the 2 stages, and block_n 128 0.97-1.0 (session 61).
+// 0.83-0.99 of the 2 stages in the 64-row tiles; with the split keys 3 stages read 0.97-1.01 and
+// block_n 128 0.88-1.0 (session 61).
 constexpr FwdConfig fwd_decode_config(int kernel_head_dim) {
   const FwdConfig c = fwd_few_rows_config(kernel_head_dim);
   if (!FLASHATTN_SM80_DECODE_SPLIT_KEYS || FLASHATTN_SM80_DECODE_WARPS <= 0 || c.head_dim > 128) return c;
