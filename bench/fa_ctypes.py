@@ -29,7 +29,9 @@ class Params(ctypes.Structure):
                    ("window_left", _i32), ("window_right", _i32), ("softcap", _f), ("deterministic", _i32),
                    ("stream", _vp), ("workspace", _vp), ("workspace_bytes", ctypes.c_size_t),
                    ("num_threads", _i32), ("cpu_cache_bytes", _i64), ("num_splits", _i32),
-                   ("seqused_k", _vp)])
+                   ("seqused_k", _vp),
+                   ("block_table", _vp), ("block_table_batch_stride", _i64), ("page_block_size", _i32),
+                   ("num_pages", _i32)])
 
 
 def load(path=None):

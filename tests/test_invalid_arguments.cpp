@@ -20,6 +20,7 @@ struct Buffers {
   std::vector<float> lse;
   std::vector<int32_t> cu_q{0, 2, 5}, cu_k{0, 7, 14};
   std::vector<int32_t> used_k{7, 3};  // a KV cache's used keys (seqused_k)
+  std::vector<int32_t> table{1, 2, 0, -1};  // a paged cache's table: 2 pages a sequence
   fa_params p;
 
   Buffers() {
@@ -45,6 +46,16 @@ struct Buffers {
     p.dq = dq.data();
     p.dk = dk.data();
     p.dv = dv.data();
+  }
+  // k and v as a paged cache of 3 pages of 4 rows (of the 14 there are), 2 a sequence; sequence 1
+  // uses 3 keys, so its second entry (-1) is never read.
+  void make_paged() {
+    p.seqused_k = used_k.data();
+    p.block_table = table.data();
+    p.block_table_batch_stride = 2;
+    p.page_block_size = 4;
+    p.num_pages = 3;
+    p.k_batch_stride = p.v_batch_stride = 4 * p.k_row_stride;
   }
   // Varlen view of the same memory: sequences of 2 and 3 queries, 7 and 7 keys.
   void make_varlen() {
@@ -236,6 +247,31 @@ TEST(InvalidArguments, SequsedK) {
                   {"seqused_k", "cu_seqlens"});
   expect_rejected([](Buffers& b) { b.p.seqused_k = b.used_k.data(); }, FA_ERROR_UNSUPPORTED, {"seqused_k", "backward"},
                   false, true);
+}
+
+TEST(InvalidArguments, PagedKvCache) {
+  for (fa_impl impl : kCpuImpls) {
+    Buffers b;
+    b.make_paged();
+    EXPECT_EQ(fa_forward(&b.p, impl), FA_OK) << fa_impl_name(impl) << ": " << fa_last_error();
+  }
+  expect_rejected([](Buffers& b) { b.make_paged(); b.p.page_block_size = 0; }, FA_ERROR_INVALID_ARGUMENT,
+                  {"page_block_size"}, true, false);
+  expect_rejected([](Buffers& b) { b.p.page_block_size = 16; }, FA_ERROR_INVALID_ARGUMENT, {"page_block_size", "block_table"});
+  expect_rejected([](Buffers& b) { b.make_paged(); b.p.num_pages = 0; }, FA_ERROR_INVALID_ARGUMENT, {"num_pages"}, true, false);
+  expect_rejected([](Buffers& b) { b.make_paged(); b.table[1] = 3; }, FA_ERROR_INVALID_ARGUMENT,
+                  {"block_table[0][1]", "3", "num_pages"}, true, false);
+  expect_rejected([](Buffers& b) { b.make_paged(); b.table[2] = -1; }, FA_ERROR_INVALID_ARGUMENT, {"block_table[1][0]"}, true,
+                  false);
+  expect_rejected([](Buffers& b) { b.make_paged(); b.p.block_table_batch_stride = 1; }, FA_ERROR_INVALID_ARGUMENT,
+                  {"block_table_batch_stride"}, true, false);
+  expect_rejected([](Buffers& b) { b.make_paged(); b.p.seqused_k = nullptr; b.make_varlen(); }, FA_ERROR_UNSUPPORTED,
+                  {"block_table", "cu_seqlens"});
+  expect_rejected([](Buffers& b) { b.make_paged(); b.p.seqused_k = nullptr; }, FA_ERROR_UNSUPPORTED, {"block_table", "backward"},
+                  false, true);
+  // o overlapping a page of the pool.
+  expect_rejected([](Buffers& b) { b.make_paged(); b.p.o = b.k.data() + 8 * 64; }, FA_ERROR_INVALID_ARGUMENT, {"o", "k"}, true,
+                  false);
 }
 
 TEST(InvalidArguments, WindowBelowMinusOne) {

@@ -3,7 +3,8 @@ head_dim 128, one process: each shape timed by every build in turn, ROUNDS times
 in reverse order), median of N calls each time (dev/sm80bwd/event_timing.py; FLUSH=1: the L2 emptied before
 each call, as the library benchmark's do_bench does). IMPL: the implementation asked for (default auto, the
 library's own choice; flashattn-sm80 forces the split-KV path). CUDNN=1: torch's cuDNN SDPA (no_grad) as one
-more column. Each build's output is checked against torch's flash SDPA once per shape (max |diff|).
+more column. PAGE=n: the last build also on the same cache paged (pages of n rows, shuffled in a pool;
+fa_params.block_table), as NAME-paged (a build from before the paged cache would ignore the table). Each build's output is checked against torch's flash SDPA once per shape (max |diff|).
 usage: python3 dev/sm80fwd/decode_ab.py NAME=LIB,NAME=LIB [SHAPES]; SHAPES: ';'-separated
 "batch,seqlen_k[,heads[,heads_kv]]" (default: bench/gpu_bench.py's decode problems, 16 heads). Prints GB/s of
 K and V read per build (the median over rounds) and each build's ratio to the first (the median of the
@@ -33,7 +34,27 @@ if os.environ.get("FLUSH", "1") == "1":
     _l2 = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     flush = _l2.zero_
 
-names = list(libs)
+PAGE = int(os.environ.get("PAGE", "0"))
+
+
+def paged(k, v, page, gen):
+    """k, v (b, sk, hk, d) as pools of pages of `page` rows in a random order, and the table."""
+    b, sk, hk, dd = k.shape
+    per_seq = sk // page
+    order = torch.randperm(b * per_seq, device="cuda", generator=gen)
+    table = order.view(b, per_seq).to(torch.int32).contiguous()
+    pools = []
+    for x in (k, v):
+        pool = torch.empty(b * per_seq, page, hk, dd, device="cuda", dtype=x.dtype)
+        pool[order] = x.reshape(b * per_seq, page, hk, dd)
+        pools.append(pool)
+    extra = dict(block_table=table.data_ptr(), block_table_batch_stride=per_seq, page_block_size=page,
+                 num_pages=b * per_seq, seqlen_k=sk)
+    return pools[0], pools[1], table, extra
+
+
+last = list(libs)[-1]
+names = list(libs) + ([f"{last}-paged"] if PAGE else [])
 if os.environ.get("CUDNN", "0") == "1":
     names.append("cudnn")
 props = torch.cuda.get_device_properties(0)
@@ -50,12 +71,15 @@ for shape in shapes:
     k, v = (torch.randn(b, sk, heads_kv, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
     kv_bytes = 2 * k.numel() * k.element_size()
     ours = {n: gb.Ours(lib, IMPL, q, k, v, False) for n, lib in libs.items()}
+    if PAGE:
+        kp, vp, table, extra = paged(k, v, PAGE, gen)
+        ours[f"{last}-paged"] = gb.Ours(libs[last], IMPL, q, kp, vp, False, **extra)
     calls = {n: o.forward for n, o in ours.items()}
     with torch.no_grad():
         ref = gb.torch_fwd(gb.SDPBackend.FLASH_ATTENTION if heads == heads_kv else gb.SDPBackend.MATH,
                            q, k.repeat_interleave(heads // heads_kv, 2), v.repeat_interleave(heads // heads_kv, 2),
                            False).float()
-        diff = max((calls[n]().float() - ref).abs().max().item() for n in libs)
+        diff = max((calls[n]().float() - ref).abs().max().item() for n in ours)
     if "cudnn" in names:
         kr, vr = (x.repeat_interleave(heads // heads_kv, 2) for x in (k, v))
         calls["cudnn"] = lambda: gb.torch_fwd(gb.SDPBackend.CUDNN_ATTENTION, q, kr, vr, False)
@@ -69,4 +93,6 @@ for shape in shapes:
     print(f"{b:5d} {sk:8d} {heads:5d} {heads_kv:8d} | " + " ".join(f"{gbps[n]:8.0f}" for n in names) + " | " +
           " ".join(f"{ratio[n]:.3f}" for n in names[1:]) + f" | {diff:.2e}", flush=True)
     del q, k, v, ours, calls
+    if PAGE:
+        del kp, vp, table
     torch.cuda.empty_cache()

@@ -114,6 +114,19 @@ typedef struct fa_params {
    * allocated rows, and causal / window masks align to that length. NULL: all seqlen_k keys.
    * Memory of the backend's device. Appended last, so the fields above keep their offsets. */
   const int32_t* seqused_k;
+
+  /* Paged KV cache (forward only, not with varlen): k and v are pools of num_pages pages of
+   * page_block_size rows, (num_pages, page_block_size, num_heads_kv, head_dim), the batch strides
+   * stepping from page to page. Key j of sequence b is row j % page_block_size of page
+   * block_table[b * block_table_batch_stride + j / page_block_size]; seqlen_k is the keys a table row
+   * can address, seqused_k (when set) the keys used. Entries past the used keys are never read.
+   * NULL: k and v are (batch, seqlen_k, ...). Memory of the backend's device; on a GPU the entries
+   * are not checked (that would need a copy and a sync): one outside [0, num_pages) reads page 0 or
+   * num_pages - 1, never memory outside the pools. */
+  const int32_t* block_table;
+  int64_t block_table_batch_stride;
+  int32_t page_block_size;
+  int32_t num_pages;
 } fa_params;
 
 /* Zeroes *p and sets the defaults (window -1/-1, dtype fp16, scale 0 = 1/sqrt(d)). */

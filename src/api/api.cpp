@@ -1,7 +1,9 @@
 // The C ABI: validate, pick an implementation, call it, keep the error message per thread.
+#include <array>
 #include <cmath>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "api/validate.hpp"
 #include "cpu/cpu_backend.hpp"
@@ -29,12 +31,29 @@ fa_impl resolve(const fa_params& p, fa_impl impl, bool backward) {
   return FA_IMPL_CPU_FA2;
 }
 
+using IndexArray = std::pair<const char*, const int32_t*>;
+std::array<IndexArray, 4> index_arrays(const fa_params& p) {
+  return {IndexArray{"cu_seqlens_q", p.cu_seqlens_q}, IndexArray{"cu_seqlens_k", p.cu_seqlens_k},
+          IndexArray{"seqused_k", p.seqused_k}, IndexArray{"block_table", p.block_table}};
+}
+
+// A CPU implementation's index arrays are host memory: validate reads them (GPU memory would crash it).
+Status check_host_indices(const fa_params& p, fa_impl impl) {
+  if (is_cuda_impl(impl)) return {};
+  for (const auto& [name, ptr] : index_arrays(p))
+    if (ptr && cuda::is_device_pointer(ptr)) return invalid("%s is GPU memory but impl %s runs on the CPU", name, fa_impl_name(impl));
+  return {};
+}
+
 Status check_memory_side(const fa_params& p, fa_impl impl) {
   const bool on_device = cuda::is_device_pointer(p.q) || cuda::is_device_pointer(p.o);
   if (is_cuda_impl(impl)) {
     if (!cuda::available()) return {FA_ERROR_NO_DEVICE, format("impl %s needs a CUDA GPU: none is present or this build has no CUDA", fa_impl_name(impl))};
     if (p.q && !cuda::is_device_pointer(p.q)) return invalid("q is host memory but impl %s runs on the GPU", fa_impl_name(impl));
     if (p.o && !cuda::is_device_pointer(p.o)) return invalid("o is host memory but impl %s runs on the GPU", fa_impl_name(impl));
+    // The index arrays a kernel reads (a host pointer would fault it).
+    for (const auto& [name, ptr] : index_arrays(p))
+      if (ptr && !cuda::is_device_pointer(ptr)) return invalid("%s is host memory but impl %s runs on the GPU", name, fa_impl_name(impl));
   } else if (on_device) {
     return invalid("q/o are GPU memory but impl %s runs on the CPU", fa_impl_name(impl));
   }
@@ -88,6 +107,7 @@ fa_status fa_forward(const fa_params* p, fa_impl impl) {
     if (!p) return invalid("params: null pointer");
     FA_RETURN_IF_ERROR(check_impl_value(impl));
     fa_impl chosen = resolve(*p, impl, false);
+    FA_RETURN_IF_ERROR(check_host_indices(*p, chosen));  // validate reads them
     FA_RETURN_IF_ERROR(validate(p, Pass::Forward, chosen));
     FA_RETURN_IF_ERROR(check_memory_side(*p, chosen));
     if (p->batch == 0 || (p->cu_seqlens_q ? p->total_q == 0 : p->seqlen_q == 0)) return {};
@@ -105,6 +125,7 @@ fa_status fa_backward(const fa_params* p, fa_impl impl) {
     if (!p) return invalid("params: null pointer");
     FA_RETURN_IF_ERROR(check_impl_value(impl));
     fa_impl chosen = resolve(*p, impl, true);
+    FA_RETURN_IF_ERROR(check_host_indices(*p, chosen));  // validate reads them
     FA_RETURN_IF_ERROR(validate(p, Pass::Backward, chosen));
     FA_RETURN_IF_ERROR(check_memory_side(*p, chosen));
     if (p->batch == 0) return {};
@@ -123,6 +144,7 @@ fa_status fa_workspace_size(const fa_params* p, fa_impl impl, int backward, size
     if (!p) return invalid("params: null pointer");
     FA_RETURN_IF_ERROR(check_impl_value(impl));
     fa_impl chosen = resolve(*p, impl, backward != 0);
+    FA_RETURN_IF_ERROR(check_host_indices(*p, chosen));
     FA_RETURN_IF_ERROR(validate(p, backward ? Pass::Backward : Pass::Forward, chosen));
     if (!is_cuda_impl(chosen)) return {};
     return cuda::workspace_size(*p, chosen, backward != 0, bytes);

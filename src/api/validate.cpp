@@ -13,13 +13,13 @@ namespace flashattn {
 
 ImplLimits impl_limits(fa_impl impl) {
   switch (impl) {
-    case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true, true};
-    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true};
-    case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true};
-    case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false};
-    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true};
-    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false};
-    default: return {0, false, false, false, false, false, false};
+    case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true, true, true};
+    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true, true};
+    case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true, true};
+    case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false, false};
+    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true, true};
+    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false, false};
+    default: return {0, false, false, false, false, false, false, false};
   }
 }
 
@@ -133,6 +133,20 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
     if (pass == Pass::Backward) return unsupported("seqused_k: the backward pass does not take it (a KV cache is for the forward)");
     if (!lim.seqused_k) return unsupported("seqused_k is not supported by %s", fa_impl_name(impl));
   }
+  const bool paged = p.block_table != nullptr;
+  if (!paged && p.page_block_size != 0)
+    return invalid("page_block_size is %d but block_table is null (set both for a paged KV cache)", p.page_block_size);
+  if (paged) {
+    if (varlen) return unsupported("block_table with cu_seqlens: a paged KV cache needs the padded (batch, seqlen_k) layout");
+    if (pass == Pass::Backward) return unsupported("block_table: the backward pass does not take a paged KV cache");
+    if (!lim.paged_kv) return unsupported("block_table (paged KV cache) is not supported by %s", fa_impl_name(impl));
+    if (p.page_block_size <= 0) return invalid("page_block_size must be > 0 with a block_table (got %d)", p.page_block_size);
+    if (p.num_pages <= 0) return invalid("num_pages must be > 0 with a block_table (got %d)", p.num_pages);
+    const int64_t pages_per_seq = (int64_t(p.seqlen_k) + p.page_block_size - 1) / p.page_block_size;
+    if (p.batch > 1 && p.block_table_batch_stride < pages_per_seq)
+      return invalid("block_table_batch_stride (%lld) must be >= the pages seqlen_k %d spans (%lld of %d rows)",
+                     (long long)p.block_table_batch_stride, p.seqlen_k, (long long)pages_per_seq, p.page_block_size);
+  }
   if (p.batch == 0) return {};
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t nbatch = varlen ? 1 : p.batch;
@@ -169,6 +183,17 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
       if (p.seqused_k[b] < 0 || p.seqused_k[b] > p.seqlen_k)
         return invalid("seqused_k[%d] = %d must lie in [0, seqlen_k = %d]", b, p.seqused_k[b], p.seqlen_k);
   }
+  if (paged && lim.host_memory) {
+    // The entries of the used keys' pages; the rest may hold anything (e.g. -1).
+    for (int32_t b = 0; b < p.batch; ++b) {
+      const int64_t used = p.seqused_k ? p.seqused_k[b] : p.seqlen_k;
+      for (int64_t i = 0; i * p.page_block_size < used; ++i) {
+        const int32_t page = p.block_table[b * p.block_table_batch_stride + i];
+        if (page < 0 || page >= p.num_pages)
+          return invalid("block_table[%d][%lld] = %d must lie in [0, num_pages = %d)", b, (long long)i, page, p.num_pages);
+      }
+    }
+  }
 
   // Outputs must not overlap themselves, inputs or each other.
   if (pass == Pass::Forward) {
@@ -187,14 +212,19 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
   auto ext = [&](const char* name, const void* data, int64_t bs, int64_t rows, int64_t rs, int64_t heads, int64_t hs) {
     return Named{name, extent(data, nbatch, bs, rows, rs, heads, hs, d, es)};
   };
+  // k and v: (batch, seqlen_k, ...), or a paged cache's (num_pages, page_block_size, ...).
+  auto kv_ext = [&](const char* name, const void* data, int64_t bs, int64_t rs, int64_t hs) {
+    if (!paged) return ext(name, data, bs, rows_k, rs, hk, hs);
+    return Named{name, extent(data, p.num_pages, bs, p.page_block_size, rs, hk, hs, d, es)};
+  };
   Named lse{"lse", {}};
   if (p.lse && any_q) {
     auto b = reinterpret_cast<uintptr_t>(p.lse);
     lse.e = {b, b + uintptr_t(nbatch * h * rows_q) * sizeof(float)};
   }
   std::vector<Named> inputs = {ext("q", p.q, p.q_batch_stride, rows_q, p.q_row_stride, h, p.q_head_stride),
-                               ext("k", p.k, p.k_batch_stride, rows_k, p.k_row_stride, hk, p.k_head_stride),
-                               ext("v", p.v, p.v_batch_stride, rows_k, p.v_row_stride, hk, p.v_head_stride)};
+                               kv_ext("k", p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride),
+                               kv_ext("v", p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride)};
   std::vector<Named> outputs;
   if (pass == Pass::Forward) {
     outputs = {ext("o", p.o, p.o_batch_stride, rows_q, p.o_row_stride, h, p.o_head_stride), lse};

@@ -50,9 +50,15 @@ inline Sequence sequence(const fa_params& p, int32_t b) {
   return s;
 }
 
-// Element offset of row `row` (within the sequence) of head `head` in tensor t.
+// Element offset of row `row` (within the sequence) of head `head` in tensor t. A paged KV cache's
+// k / v row is row % page_block_size of the sequence's page row / page_block_size (host-readable
+// block_table, validated).
 inline int64_t row_offset(const fa_params& p, const TensorRef& t, const Sequence& s, bool is_q_side, int64_t row,
                           int64_t head) {
+  if (!is_q_side && p.block_table) {
+    const int64_t page = p.block_table[s.batch_index * p.block_table_batch_stride + row / p.page_block_size];
+    return page * t.batch_stride + (row % p.page_block_size) * t.row_stride + head * t.head_stride;
+  }
   int64_t start = is_q_side ? s.q_start : s.k_start;
   int64_t batch = is_varlen(p) ? 0 : int64_t(s.batch_index) * t.batch_stride;
   return batch + (start + row) * t.row_stride + head * t.head_stride;

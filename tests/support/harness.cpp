@@ -40,6 +40,7 @@ std::string Case::name() const {
     for (size_t i = 0; i < seqused_k.size(); ++i) s << (i ? "," : "") << seqused_k[i];
     s << "]";
   }
+  if (page_block_size) s << " page" << page_block_size;
   if (causal) s << " causal";
   if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
   if (softcap > 0.f) s << " softcap" << softcap;
@@ -121,7 +122,7 @@ struct DeviceBuffer {
 
 std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
   fa_params p = pr.params();
-  DeviceBuffer q, k, v, o, dout, dq, dk, dv, lse, cu_q, cu_k, used_k, workspace;
+  DeviceBuffer q, k, v, o, dout, dq, dk, dv, lse, cu_q, cu_k, used_k, block_table, workspace;
   std::string err;
   auto up = [&](DeviceBuffer& d, const void* host, size_t n) {
     if (err.empty()) err = d.upload(host, n);
@@ -138,6 +139,7 @@ std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
   up(cu_q, pr.cu_q.data(), pr.cu_q.size() * sizeof(int32_t));
   up(cu_k, pr.cu_k.data(), pr.cu_k.size() * sizeof(int32_t));
   up(used_k, pr.used_k.data(), pr.used_k.size() * sizeof(int32_t));
+  up(block_table, pr.block_table.data(), pr.block_table.size() * sizeof(int32_t));
   if (!err.empty()) return err;
   p.q = q.ptr;
   p.k = k.ptr;
@@ -153,6 +155,7 @@ std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
     p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.ptr);
   }
   if (!pr.used_k.empty()) p.seqused_k = static_cast<const int32_t*>(used_k.ptr);
+  if (!pr.block_table.empty()) p.block_table = static_cast<const int32_t*>(block_table.ptr);
   size_t ws = 0;
   fa_status s = fa_workspace_size(&p, impl, backward ? 1 : 0, &ws);
   if (s != FA_OK) return "fa_workspace_size: " + status_text(s);
@@ -525,6 +528,36 @@ std::vector<Case> kv_cache_cases(fa_dtype dt) {
   c.seqused_k = {1999, 1000};
   c.num_splits = 4;
   v.push_back(c);
+  return v;
+}
+
+std::vector<Case> paged_kv_cases(fa_dtype dt, const std::vector<int>& page_sizes) {
+  std::vector<Case> v;
+  for (int page : page_sizes) {
+    Case c = make_case(dt, 3, 1, 700, 4, 4, 64);  // decode; one sequence uses no key
+    c.page_block_size = page;
+    c.seqused_k = {700, 0, 333};
+    v.push_back(c);
+    c = make_case(dt, 3, 5, 300, 8, 2, 128);  // GQA, causal: rows above the shortest cache's diagonal masked
+    c.page_block_size = page;
+    c.seqused_k = {3, 300, 129};
+    c.causal = true;
+    v.push_back(c);
+    c = make_case(dt, 2, 1, 2000, 16, 2, 64);  // split across CTAs
+    c.page_block_size = page;
+    c.seqused_k = {1999, 1000};
+    c.num_splits = 4;
+    v.push_back(c);
+    c = make_case(dt, 2, 129, 777, 2, 1, 96);  // every allocated key used (no seqused_k), windowed
+    c.page_block_size = page;
+    c.window_left = 200, c.window_right = 10;
+    v.push_back(c);
+    c = make_case(dt, 2, 3, 400, 2, 2, 80);  // the pool strided: (page, heads, rows, d), padded
+    c.page_block_size = page;
+    c.seqused_k = {257, 400};
+    c.bhsd = true, c.row_padding = 8;
+    v.push_back(c);
+  }
   return v;
 }
 

@@ -35,6 +35,7 @@ struct Case {  // one problem
   float softmax_scale = 0.f;
   std::vector<int> seqlens_q, seqlens_k;  // non-empty: varlen (packed) with these lengths (may contain 0)
   std::vector<int> seqused_k;             // non-empty: a KV cache's used keys per sequence (the rest are NaN)
+  int page_block_size = 0;                // > 0: k and v as a paged KV cache of pages of this many rows
   bool bhsd = false;                      // memory laid out (batch, heads, seqlen, head_dim)
   int row_padding = 0;                    // extra elements after each head vector and each row
   bool deterministic = false;
@@ -75,6 +76,10 @@ std::vector<Case> standard_forward_cases(fa_dtype dtype, int max_head_dim);
 // KV-cache forwards (fa_params::seqused_k): used lengths of all, none and some keys of a padded cache,
 // causal (rows above the shortest cache's diagonal fully masked), windowed, GQA, split across CTAs.
 std::vector<Case> kv_cache_cases(fa_dtype dtype);
+// Paged KV-cache forwards (fa_params::block_table) with each of these page sizes: pages shuffled in
+// a pool with spare NaN pages, table entries past the used keys -1; decode, GQA, causal, windowed,
+// split, a strided (bhsd, padded) pool, sequences of 0 used keys and of lengths off the page size.
+std::vector<Case> paged_kv_cases(fa_dtype dtype, const std::vector<int>& page_sizes);
 std::vector<Case> standard_backward_cases(fa_dtype dtype, int max_head_dim);
 
 // A gtest parameter name for a case: the name with every non-alphanumeric character made '_'.

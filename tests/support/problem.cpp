@@ -131,6 +131,12 @@ fa_params Problem::params() {
     p.total_k = rows_k;
   }
   p.seqused_k = used_k.empty() ? nullptr : used_k.data();
+  if (!block_table.empty()) {
+    p.block_table = block_table.data();
+    p.block_table_batch_stride = table_stride;
+    p.page_block_size = c.page_block_size;
+    p.num_pages = num_pages;
+  }
   p.dtype = c.dtype;
   p.softmax_scale = c.softmax_scale;
   p.causal = c.causal ? 1 : 0;
@@ -150,6 +156,42 @@ uint64_t fresh_seed(const std::string& name) {
   uint64_t s = (uint64_t(device()) << 32) ^ device();
   return s ^ std::hash<std::string>{}(name);
 }
+
+namespace {
+
+// k and v as a paged cache: the sequences' pages in a shuffled pool with two spare pages, the
+// pool's unassigned rows NaN, and a table whose entries past the used keys are -1 (never read).
+void page_kv(Problem& pr, std::mt19937_64& rng) {
+  const int page = pr.c.page_block_size, hk = pr.c.num_heads_kv, d = pr.c.head_dim;
+  if (pr.varlen) throw std::invalid_argument("Case: a paged KV cache needs a padded batch");
+  const int64_t pages_per_seq = (pr.rows_k + page - 1) / page;
+  pr.table_stride = pages_per_seq + 1;  // a spare column, -1
+  pr.num_pages = int(pr.nb * pages_per_seq + 2);
+  std::vector<int32_t> order(size_t(pr.num_pages));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  std::shuffle(order.begin(), order.end(), rng);
+  pr.block_table.assign(size_t(pr.nb * pr.table_stride), -1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> kpool(size_t(pr.num_pages) * page * hk * d, nan), vpool(kpool.size(), nan);
+  for (int64_t b = 0; b < pr.nb; ++b) {
+    const int64_t used = pr.used_k.empty() ? pr.rows_k : pr.used_k[size_t(b)];
+    for (int64_t i = 0; i * page < used; ++i) {
+      const int32_t pg = order[size_t(b * pages_per_seq + i)];
+      pr.block_table[size_t(b * pr.table_stride + i)] = pg;
+      for (int64_t r = 0; r < page && i * page + r < pr.rows_k; ++r) {
+        const size_t from = size_t((b * pr.rows_k + i * page + r) * hk * d), to = size_t((int64_t(pg) * page + r) * hk * d);
+        std::copy_n(&pr.kf[from], hk * d, &kpool[to]);
+        std::copy_n(&pr.vf[from], hk * d, &vpool[to]);
+      }
+    }
+  }
+  pr.k = make_tensor(pr.c.dtype, pr.num_pages, page, hk, d, pr.c.bhsd, pr.c.row_padding);
+  pr.v = make_tensor(pr.c.dtype, pr.num_pages, page, hk, d, pr.c.bhsd, pr.c.row_padding);
+  pr.k.set(kpool);
+  pr.v.set(vpool);
+}
+
+}  // namespace
 
 Problem make_problem(const Case& c, uint64_t seed) {
   Problem pr;
@@ -213,6 +255,7 @@ Problem make_problem(const Case& c, uint64_t seed) {
     pr.k.set(pr.kf);
     pr.v.set(pr.vf);
   }
+  if (c.page_block_size > 0) page_kv(pr, rng);
   return pr;
 }
 
@@ -227,6 +270,7 @@ struct Fp32Copy {
     pr.c.bhsd = false;
     pr.c.row_padding = 0;
     pr.c.num_threads = 0;
+    pr.c.page_block_size = 0;  // k and v contiguous
     pr.varlen = src.varlen;
     pr.nb = src.nb;
     pr.rows_q = src.rows_q;

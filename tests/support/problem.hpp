@@ -54,6 +54,11 @@ struct Problem {
   int max_seqlen_q = 0, max_seqlen_k = 0;
   std::vector<int32_t> cu_q, cu_k;
   std::vector<int32_t> used_k;  // fa_params::seqused_k (empty: none)
+  // A paged KV cache (c.page_block_size > 0): k and v are pools of num_pages pages and the table
+  // maps (sequence, page of it) to a pool page; empty: k and v are (nb, rows_k, ...).
+  std::vector<int32_t> block_table;  // (nb, table_stride)
+  int64_t table_stride = 0;
+  int num_pages = 0;
   float scale = 0.f;  // the effective softmax scale
   HostTensor q, k, v, o, dout, dq, dk, dv;
   std::vector<float> lse;  // (nb, heads, rows_q)

@@ -5,9 +5,9 @@
 
 As in flash_attn, return_attn_probs=True returns (out, softmax_lse, S_dmask) where S_dmask is
 None unless dropout_p > 0; this library has no dropout, so it is always None here. Arguments the
-library does not implement (dropout_p > 0, alibi_slopes, block_table; in flash_attn_with_kvcache
-also rotary and the cache index / left padding) raise NotImplementedError naming them; nothing is
-silently ignored.
+library does not implement (dropout_p > 0, alibi_slopes, block_table outside flash_attn_with_kvcache;
+in flash_attn_with_kvcache also rotary and the cache index / left padding) raise NotImplementedError
+naming them; nothing is silently ignored.
 """
 
 import torch
@@ -93,20 +93,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
                             alibi_slopes=None, num_splits=0, return_softmax_lse=False):
     """Decode / chunked prefill over a KV cache (forward only). q (batch, seqlen_q, nheads, headdim),
-    k_cache / v_cache (batch, seqlen_cache, nheads_k, headdim). cache_seqlens (int, or int32 (batch,)):
-    the cache rows in use per sequence (None: all). k / v (batch, seqlen_new, nheads_k, headdim), when
-    given, are written into the caches in place at rows cache_seqlens .. + seqlen_new (which must fit)
-    and attended to as well. Causal and window masks align to the end of the used rows. Returns out
-    like q; with return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). Not implemented
-    (NotImplementedError): rotary_cos / rotary_sin, cache_batch_idx, cache_leftpad, block_table,
-    alibi_slopes."""
-    _unsupported(0.0, alibi_slopes, block_table)
+    k_cache / v_cache (batch, seqlen_cache, nheads_k, headdim), or with block_table (a paged cache)
+    (num_blocks, page_block_size, nheads_k, headdim) and block_table int32 (batch, max_num_blocks_per_seq):
+    row j of sequence b is row j % page_block_size of block block_table[b, j // page_block_size], and
+    seqlen_cache = max_num_blocks_per_seq * page_block_size (the CUDA kernel needs page_block_size a
+    multiple of 128). cache_seqlens (int, or int32 (batch,)): the cache rows in use per sequence (None:
+    all). k / v (batch, seqlen_new, nheads_k, headdim), when given, are written into the caches in place
+    at rows cache_seqlens .. + seqlen_new (which must fit, in allocated blocks when paged) and attended to
+    as well. Causal and window masks align to the end of the used rows. Returns out like q; with
+    return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). Not implemented
+    (NotImplementedError): rotary_cos / rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes."""
+    _unsupported(0.0, alibi_slopes)
     for name, arg in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
                       ("cache_leftpad", cache_leftpad)):
         if arg is not None:
             raise NotImplementedError(f"flashattn: {name} is not supported by flash_attn_with_kvcache")
     if (k is None) != (v is None):
         raise ValueError("flashattn: pass both k and v (the new keys and values), or neither")
+    if block_table is not None:
+        ops._check_block_table(q, block_table)  # before the table indexes the caches below
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** (-0.5)
     elif softmax_scale == 0:
@@ -123,13 +128,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError("flashattn: k and v are appended at cache_seqlens: pass cache_seqlens with them")
         rows = used.long()[:, None] + torch.arange(k.shape[1], device=q.device)  # (batch, seqlen_new)
         batch_index = torch.arange(batch, device=q.device)[:, None]
-        k_cache[batch_index, rows] = k
-        v_cache[batch_index, rows] = v
+        if block_table is None:
+            k_cache[batch_index, rows] = k
+            v_cache[batch_index, rows] = v
+        else:
+            # Logical row -> (block, row in block) through the table, (batch, seqlen_new) each. A negative
+            # entry (an unallocated block) is sent past the pool so that it fails like a row past the end,
+            # rather than wrapping around to the last block.
+            page_size = k_cache.shape[1]
+            pages = block_table[batch_index, rows // page_size].long()
+            pages = torch.where(pages < 0, k_cache.shape[0], pages)
+            k_cache[pages, rows % page_size] = k
+            v_cache[pages, rows % page_size] = v
         used = used + k.shape[1]
     left, right = _window(window_size)
     softcap = float(softcap) if softcap > 0 else 0.0
-    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, used, float(softmax_scale), bool(causal), left, right, softcap,
-                               int(num_splits))
+    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, used, block_table, float(softmax_scale), bool(causal), left, right,
+                               softcap, int(num_splits))
     return (out, lse) if return_softmax_lse else out
 
 

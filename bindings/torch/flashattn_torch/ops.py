@@ -8,6 +8,8 @@ fa_backward. Their real implementations only fill fa_params from the tensors and
           lse (batch, num_heads, seqlen_q) fp32
   varlen: q (total_q, num_heads, head_dim), k/v (total_k, num_heads_kv, head_dim),
           cu_seqlens_q/k int32 (batch + 1), lse (num_heads, total_q) fp32
+  paged KV cache (fwd_kvcache, forward only): k/v (num_pages, page_block_size, num_heads_kv, head_dim),
+          block_table int32 (batch, max_blocks)
 
 Tensors keep their strides when the head_dim axis is contiguous (packed qkv views are not
 copied); otherwise they are made contiguous. On CUDA the call runs on the current stream with a
@@ -34,8 +36,9 @@ _DTYPES = {torch.float32: _lib.FA_FLOAT32, torch.float16: _lib.FA_FLOAT16, torch
 poison_outputs = False
 
 
-def _check(q, k, v, cu_seqlens_q, cu_seqlens_k):
-    """Shape, dtype and device checks with messages in the caller's terms (real and fake paths)."""
+def _check(q, k, v, cu_seqlens_q, cu_seqlens_k, paged=False):
+    """Shape, dtype and device checks with messages in the caller's terms (real and fake paths).
+    paged: k and v are a paged cache's pools, whose first axis is the pages, not the batch."""
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError("flashattn: varlen needs both cu_seqlens_q and cu_seqlens_k")
@@ -54,7 +57,7 @@ def _check(q, k, v, cu_seqlens_q, cu_seqlens_k):
         raise ValueError(f"flashattn: k and v must have the same shape (got {tuple(k.shape)}, {tuple(v.shape)})")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"flashattn: q and k must have the same head_dim (got {q.shape[-1]}, {k.shape[-1]})")
-    if not varlen and q.shape[0] != k.shape[0]:
+    if not varlen and not paged and q.shape[0] != k.shape[0]:
         raise ValueError(f"flashattn: q and k must have the same batch (got {q.shape[0]}, {k.shape[0]})")
     if varlen:
         for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
@@ -219,11 +222,29 @@ def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_used: Optional[Tensor], softmax_scale: float,
-        causal: bool, window_left: int, window_right: int, softcap: float, num_splits: int) -> Tuple[Tensor, Tensor]:
+def _check_block_table(q, block_table):
+    """A paged cache's table: int32 (batch, max_blocks) on q's device (real and fake paths)."""
+    if block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise TypeError(f"flashattn: block_table must be a 2-D int32 tensor (batch, max_blocks) (got "
+                        f"{block_table.dtype}, shape {tuple(block_table.shape)})")
+    if block_table.shape[0] != q.shape[0]:
+        raise ValueError(f"flashattn: block_table must have a row per sequence: (batch = {q.shape[0]}, max_blocks) "
+                         f"(got shape {tuple(block_table.shape)})")
+    if block_table.device != q.device:
+        raise ValueError(f"flashattn: block_table is on {block_table.device} but q is on {q.device}")
+
+
+def kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_used: Optional[Tensor],
+        block_table: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int, window_right: int,
+        softcap: float, num_splits: int) -> Tuple[Tensor, Tensor]:
     """(out, lse) over a KV cache (forward only): sequence b attends to keys [0, cache_used[b]) of its
-    k_cache / v_cache rows (fa_params.seqused_k; None: all of them), masks aligned to that length."""
-    _check(q, k_cache, v_cache, None, None)
+    k_cache / v_cache rows (fa_params.seqused_k; None: all of them), masks aligned to that length.
+    With block_table the caches are pools of pages (num_pages, page_block_size, heads_kv, head_dim) and key j
+    of sequence b is row j % page_block_size of page block_table[b, j // page_block_size]."""
+    paged = block_table is not None
+    _check(q, k_cache, v_cache, None, None, paged)
+    if paged:
+        _check_block_table(q, block_table)
     q, k_cache, v_cache = _usable(q), _usable(k_cache), _usable(v_cache)
     if cache_used is not None:
         if cache_used.dtype != torch.int32 or cache_used.shape != (q.shape[0],) or cache_used.device != q.device:
@@ -234,6 +255,13 @@ def kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_used
     p.num_splits = num_splits
     if cache_used is not None:
         p.seqused_k = cache_used.data_ptr()
+    if paged:
+        # k_cache / v_cache's batch strides (set by _forward) step from page to page; seqlen_k is the
+        # keys a table row can address.
+        block_table = block_table.contiguous()
+        p.block_table, p.block_table_batch_stride = block_table.data_ptr(), block_table.stride(0)
+        p.num_pages, p.page_block_size = k_cache.shape[0], k_cache.shape[1]
+        p.seqlen_k = block_table.shape[1] * k_cache.shape[1]
     return _forward(p, q, k_cache, v_cache, False)
 
 
@@ -241,9 +269,11 @@ fwd_kvcache = torch.library.custom_op("flashattn::fwd_kvcache", kvcache_forward_
 
 
 @fwd_kvcache.register_fake
-def _fwd_kvcache_fake(q, k_cache, v_cache, cache_used, softmax_scale, causal, window_left, window_right, softcap,
-                      num_splits):
-    _check(q, k_cache, v_cache, None, None)
+def _fwd_kvcache_fake(q, k_cache, v_cache, cache_used, block_table, softmax_scale, causal, window_left, window_right,
+                      softcap, num_splits):
+    _check(q, k_cache, v_cache, None, None, block_table is not None)
+    if block_table is not None:
+        _check_block_table(q, block_table)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, False), dtype=torch.float32)
 
 

@@ -1,11 +1,11 @@
-"""flash_attn_with_kvcache: decode and chunked prefill over a padded KV cache, against plain attention
-on each sequence's used rows (fp64 reference, the 2x rule). The cache rows past a sequence's used length
-hold NaN, so an implementation that reads one fails."""
+"""flash_attn_with_kvcache: decode and chunked prefill over a padded or a paged KV cache, against plain
+attention on each sequence's used rows (fp64 reference, the 2x rule). The cache rows past a sequence's used
+length hold NaN, and so do a paged cache's unused pages, so an implementation that reads one fails."""
 
 import pytest
 import torch
 
-from attn_reference import DEVICES, check_rule, gradient_floor, plain_attention, skip_unsupported
+from attn_reference import CUDA, DEVICES, NO_CUDA, check_rule, gradient_floor, plain_attention, skip_unsupported
 from flashattn_torch import FlashAttnError, flash_attn_with_kvcache
 
 
@@ -55,6 +55,12 @@ def test_matches_attention_on_the_used_rows(name, dtype, device):
     k_cache, v_cache = (nan_cache(batch, rows, hk, d, used, dtype, device) for _ in range(2))
     seqlens = torch.tensor(used, dtype=torch.int32, device=device)
     out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, return_softmax_lse=True, **kw)
+    check_against_plain(out, lse, q, k_cache, v_cache, seqlens, dtype, kw)
+
+
+def check_against_plain(out, lse, q, k_cache, v_cache, seqlens, dtype, kw):
+    """out by the 2x rule with the fp32 floor, lse within 1e-3 and -inf exactly on the rows without keys,
+    against plain attention on each sequence's used rows of the (padded) k_cache / v_cache."""
     plain_kw = {key: kw[key] for key in ("causal", "softcap") if key in kw}
     if "window_size" in kw:
         plain_kw["window"] = kw["window_size"]
@@ -98,8 +104,7 @@ def test_an_int_cache_length_and_no_length():
     assert (part.double() - ref).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("arg", ["rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "block_table",
-                                 "alibi_slopes"])
+@pytest.mark.parametrize("arg", ["rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "alibi_slopes"])
 def test_unsupported_arguments_raise_naming_them(arg):
     q, k_cache = torch.randn(1, 1, 2, 16), torch.randn(1, 8, 2, 16)
     with pytest.raises(NotImplementedError, match=arg):
@@ -118,3 +123,139 @@ def test_a_cache_length_past_the_cache_is_an_error_naming_it():
     q, k_cache = torch.randn(2, 1, 2, 16), torch.randn(2, 8, 2, 16)
     with pytest.raises(FlashAttnError, match="seqused_k"):
         flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_seqlens=torch.tensor([3, 9], dtype=torch.int32))
+
+
+# Paged KV cache (block_table). The CPU backends take any page size, the CUDA sm80 kernel multiples of 128.
+PAGE_SIZES = [("cpu", 16), ("cpu", 5), ("cpu", 256)] + ([("cuda", 128), ("cuda", 256)] if CUDA else [])
+
+
+def page_table(pages_used, max_blocks, spare, device):
+    """(block_table int32 (batch, max_blocks), num_pages): sequence b's first pages_used[b] blocks at
+    distinct random pages of a pool with `spare` pages more than the used ones; the entries past them -1."""
+    num_pages = sum(pages_used) + spare
+    order = torch.randperm(num_pages)
+    table = torch.full((len(pages_used), max_blocks), -1, dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(pages_used):
+        table[b, :n] = order[start:start + n]
+        start += n
+    return table.to(device), num_pages
+
+
+def to_pool(cache, table, num_pages):
+    """The pool (num_pages, page_block_size, heads_kv, d) holding the logical cache (batch, max_blocks *
+    page_block_size, heads_kv, d) through the table: the pages the table names get their blocks, every
+    other page is NaN."""
+    page = cache.shape[1] // table.shape[1]
+    pool = cache.new_full((num_pages, page) + tuple(cache.shape[2:]), float("nan"))
+    b, j = (table >= 0).nonzero(as_tuple=True)
+    pool[table[b, j].long()] = cache.unflatten(1, (table.shape[1], page))[b, j]
+    return pool
+
+
+def pages_for(used, page):
+    return [-(-n // page) for n in used]
+
+
+@pytest.mark.parametrize("device,page", PAGE_SIZES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", CASES)
+def test_paged_matches_the_padded_cache(name, dtype, device, page):
+    """A paged cache (pages in random order, unused pages and rows NaN, -1 past the used pages) gives the
+    padded cache's result: against plain attention by the 2x rule, and on the CPU (where paging only
+    changes where a key row is read from) bitwise the padded call's."""
+    skip_unsupported(device, dtype)
+    h, hk, sq, _, used, kw = CASES[name]
+    batch, d = len(used), 64
+    max_blocks = max(pages_for(used, page)) + 1  # every table row has entries past its used pages
+    q = torch.randn(batch, sq, h, d, dtype=dtype, device=device)
+    k_cache, v_cache = (nan_cache(batch, max_blocks * page, hk, d, used, dtype, device) for _ in range(2))
+    table, num_pages = page_table(pages_for(used, page), max_blocks, 3, device)
+    k_pool, v_pool = to_pool(k_cache, table, num_pages), to_pool(v_cache, table, num_pages)
+    seqlens = torch.tensor(used, dtype=torch.int32, device=device)
+    out, lse = flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=seqlens, block_table=table,
+                                       return_softmax_lse=True, **kw)
+    check_against_plain(out, lse, q, k_cache, v_cache, seqlens, dtype, kw)
+    if device == "cpu":
+        padded, padded_lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                                     return_softmax_lse=True, **kw)
+        assert torch.equal(out, padded) and torch.equal(lse, padded_lse)
+
+
+@pytest.mark.parametrize("device,page", [("cpu", 5), ("cpu", 16)] + ([("cuda", 128)] if CUDA else []))
+def test_new_keys_are_written_into_the_pages_and_attended(device, page):
+    """k, v appended through the table land at row (n + i) % page of page table[b, (n + i) // page], one
+    of the writes across a page boundary; no other pool element changes."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    h, hk, d, new = 4, 2, 32, 3
+    used = [page - 2, 0, 2 * page + page // 2 + 1]
+    batch, max_blocks = len(used), max(pages_for([n + new for n in used], page)) + 1
+    q = torch.randn(batch, new, h, d, dtype=dtype, device=device)
+    k_cache, v_cache = (nan_cache(batch, max_blocks * page, hk, d, used, dtype, device) for _ in range(2))
+    table, num_pages = page_table(pages_for([n + new for n in used], page), max_blocks, 2, device)
+    k_pool, v_pool = to_pool(k_cache, table, num_pages), to_pool(v_cache, table, num_pages)
+    k, v = (torch.randn(batch, new, hk, d, dtype=dtype, device=device) for _ in range(2))
+    seqlens = torch.tensor(used, dtype=torch.int32, device=device)
+    out, lse = flash_attn_with_kvcache(q, k_pool, v_pool, k, v, cache_seqlens=seqlens, block_table=table, causal=True,
+                                       return_softmax_lse=True)
+    for b, n in enumerate(used):
+        for i in range(new):
+            pg, row = table[b, (n + i) // page].item(), (n + i) % page
+            assert torch.equal(k_pool[pg, row], k[b, i]) and torch.equal(v_pool[pg, row], v[b, i])
+        k_cache[b, n:n + new], v_cache[b, n:n + new] = k[b], v[b]
+    # The whole pool: the appended logical cache's pages, NaN everywhere else (bitwise, NaN included).
+    for pool, cache in ((k_pool, k_cache), (v_pool, v_cache)):
+        torch.testing.assert_close(pool, to_pool(cache, table, num_pages), rtol=0, atol=0, equal_nan=True)
+    check_against_plain(out, lse, q, k_cache, v_cache, seqlens + new, dtype, {"causal": True})
+
+
+def test_an_append_into_an_unallocated_page_raises_and_does_not_wrap():
+    """A -1 entry where k, v go: an IndexError, not a write into the pool's last page (where -1 would index)."""
+    q, k = torch.randn(1, 1, 2, 16), torch.randn(1, 2, 2, 16)
+    k_pool, v_pool = torch.randn(3, 4, 2, 16), torch.randn(3, 4, 2, 16)
+    table = torch.tensor([[0, -1]], dtype=torch.int32)  # rows 4.. have no page; page 2 is spare
+    before = k_pool.clone(), v_pool.clone()
+    with pytest.raises(IndexError):
+        flash_attn_with_kvcache(q, k_pool, v_pool, k, k.clone(), cache_seqlens=3, block_table=table)
+    assert torch.equal(k_pool[2], before[0][2]) and torch.equal(v_pool[2], before[1][2])
+
+
+def test_paged_argument_errors():
+    q, pool = torch.randn(2, 1, 2, 16), torch.randn(4, 8, 2, 16)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    with pytest.raises(TypeError, match="block_table"):
+        flash_attn_with_kvcache(q, pool, pool.clone(), cache_seqlens=9, block_table=table.long())
+    with pytest.raises(ValueError, match="block_table"):
+        flash_attn_with_kvcache(q, pool, pool.clone(), cache_seqlens=9, block_table=table[:1])
+    # A page outside the pool among a used key's entries: the library's message names the entry.
+    with pytest.raises(FlashAttnError, match="block_table"):
+        flash_attn_with_kvcache(q, pool, pool.clone(), cache_seqlens=9, block_table=table.where(table != 3, 4))
+    with pytest.raises(FlashAttnError, match="seqused_k"):  # past the 2 * 8 keys a table row addresses
+        flash_attn_with_kvcache(q, pool, pool.clone(), cache_seqlens=17, block_table=table)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("paged", [False, True], ids=["padded", "paged"])
+def test_opcheck_fwd_kvcache(device, paged):
+    """Schema and fake (meta) kernel of flashattn::fwd_kvcache, with and without a block_table."""
+    q = torch.randn(2, 3, 4, 64, dtype=torch.bfloat16, device=device)
+    page = 128 if device == "cuda" else 16
+    used = torch.tensor([page + 5, 7], dtype=torch.int32, device=device)
+    if paged:
+        k_cache, v_cache = (torch.randn(5, page, 2, 64, dtype=torch.bfloat16, device=device) for _ in range(2))
+        table = torch.tensor([[3, 0, -1], [4, -1, -1]], dtype=torch.int32, device=device)
+    else:
+        k_cache, v_cache = (torch.randn(2, 2 * page, 2, 64, dtype=torch.bfloat16, device=device) for _ in range(2))
+        table = None
+    torch.library.opcheck(torch.ops.flashattn.fwd_kvcache.default,
+                          (q, k_cache, v_cache, used, table, 0.125, True, -1, -1, 0.0, 0))
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_cuda_page_size_not_a_multiple_of_128_is_an_error_naming_it():
+    q = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16, device="cuda")
+    pool = torch.randn(6, 16, 4, 64, dtype=torch.bfloat16, device="cuda")
+    table = torch.tensor([[0, 1, 2], [3, 4, -1]], dtype=torch.int32, device="cuda")
+    with pytest.raises(FlashAttnError, match="page_block_size"):
+        flash_attn_with_kvcache(q, pool, pool.clone(), cache_seqlens=torch.tensor([40, 20], dtype=torch.int32,
+                                device="cuda"), block_table=table)

@@ -84,6 +84,10 @@ FwdParams make_params(const fa_params& p, int splits) {
   f.cu_seqlens_q = p.cu_seqlens_q;
   f.cu_seqlens_k = p.cu_seqlens_k;
   f.seqused_k = p.seqused_k;
+  f.block_table = p.block_table;
+  f.block_table_batch_stride = p.block_table_batch_stride;
+  f.page_rows = FastDivmod(p.page_block_size);
+  f.num_pages = p.num_pages;
   f.batch = p.batch, f.seqlen_q = p.seqlen_q, f.seqlen_k = p.seqlen_k;
   f.num_heads = p.num_heads, f.num_heads_kv = p.num_heads_kv, f.head_dim = p.head_dim;
   f.group = p.num_heads / p.num_heads_kv;
@@ -121,6 +125,12 @@ fa_params gqa_decode_view(const fa_params& p) {
   return v;  // lse (batch, heads, 1) is (batch, heads_kv, group) with the same indices
 }
 
+// The config whose q-blocks the split count is chosen for: the table's (the decode and few-rows
+// tiles hold one q-block as it does), or a paged cache's decode tiles at any number of rows.
+FwdConfig split_config(const fa_params& p, int kernel_head_dim) {
+  return p.block_table ? sm80::fwd_decode_config(kernel_head_dim) : sm80::fwd_config(kernel_head_dim);
+}
+
 // The kernel head dim of p (after gqa_decode_view) when its sm80 forward kernel was built, else 0.
 int built_head_dim(const fa_params& p) {
   const int kernel_head_dim = sm80::fwd_kernel_head_dim(p.head_dim);
@@ -135,7 +145,7 @@ int built_head_dim(const fa_params& p) {
 int sm80_forward_splits(const fa_params& params) {
   const fa_params p = gqa_decode_view(params);
   const int kernel_head_dim = built_head_dim(p);
-  return kernel_head_dim == 0 ? 1 : num_splits(p, sm80::fwd_config(kernel_head_dim));
+  return kernel_head_dim == 0 ? 1 : num_splits(p, split_config(p, kernel_head_dim));
 }
 
 bool sm80_forward_decode(const fa_params& params) {
@@ -151,7 +161,7 @@ size_t sm80_forward_workspace(const fa_params& params) {
   const fa_params p = gqa_decode_view(params);
   const int kernel_head_dim = sm80::fwd_kernel_head_dim(p.head_dim);
   if (kernel_head_dim == 0 || p.batch == 0) return 0;
-  return partial_bytes(p, num_splits(p, sm80::fwd_config(kernel_head_dim)));
+  return partial_bytes(p, num_splits(p, split_config(p, kernel_head_dim)));
 }
 
 Status sm80_forward(const fa_params& params) {
@@ -169,10 +179,12 @@ Status sm80_forward(const fa_params& params) {
     return unsupported("softmax_scale %g: flashattn-sm80 needs a scale >= 0 (its running max assumes it)", double(p.softmax_scale));
   if (p.num_heads > 65535) return unsupported("num_heads %d: flashattn-sm80 launches at most 65535", p.num_heads);
   if (p.batch > 65535) return unsupported("batch %d: flashattn-sm80 launches at most 65535", p.batch);
+  if (p.block_table && p.page_block_size % sm80::kPageMultiple != 0)
+    return unsupported("page_block_size %d: flashattn-sm80 needs a multiple of %d (a key block in one page)", p.page_block_size,
+                       sm80::kPageMultiple);
   if (p.batch == 0 || p.seqlen_q == 0 || num_rows(p) == 0) return {};
 
-  const FwdConfig config = sm80::fwd_config(kernel_head_dim);
-  const int splits = num_splits(p, config);
+  const int splits = num_splits(p, split_config(p, kernel_head_dim));
   FA_RETURN_IF_ERROR(require_workspace(p, partial_bytes(p, splits), "flashattn-sm80 split-KV forward"));
   const FwdParams f = make_params(p, splits);
   FA_RETURN_IF_ERROR(launch(f, stream_of(p)));

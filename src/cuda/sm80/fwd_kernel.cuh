@@ -103,7 +103,9 @@ __device__ __forceinline__ float tree_sum(float (&x)[n]) {
 }
 
 // The config arrives as its fields: nvcc's host stubs cannot take a class-type template argument.
-template <int kHeadDim, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, class T>
+// kPaged: k and v are a paged KV cache's pools (p.block_table); a separate instance, since the page
+// lookup in the shared code cost the unpaged kernels 2-8% (spills; H200, session 62).
+template <int kHeadDim, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, class T, bool kPaged>
 __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   using Traits = FwdTraits<FwdConfig{kHeadDim, kBlockM_, kBlockN_, kWarps_, kStages_}>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kThreads = Traits::kThreads, kWarps = Traits::kWarps;
@@ -132,16 +134,19 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     seqlen_q = p.cu_seqlens_q[batch + 1] - int(q_start);
     seqlen_k = p.cu_seqlens_k[batch + 1] - int(k_start);
   } else if (p.seqused_k) {
-    seqlen_k = p.seqused_k[batch];  // the keys past it are a KV cache's unused rows
+    // The keys past it are a KV cache's unused rows. Clamped: the device array is not validated.
+    seqlen_k = min(max(p.seqused_k[batch], 0), seqlen_k);
   }
   const int m0 = m_block * kBlockM;
   if (m0 >= seqlen_q) return;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const T* q_head = static_cast<const T*>(p.q) + (varlen ? 0 : batch * p.q_batch_stride) + (q_start + m0) * p.q_row_stride +
                     head * p.q_head_stride;
-  const T* k_head = static_cast<const T*>(p.k) + (varlen ? 0 : batch * p.k_batch_stride) + k_start * p.k_row_stride +
+  // k and v of this kv head: the sequence's rows, or (paged) the pools, whose pages load_kv finds.
+  const bool own_rows = !varlen && !kPaged;
+  const T* k_head = static_cast<const T*>(p.k) + (own_rows ? batch * p.k_batch_stride : 0) + k_start * p.k_row_stride +
                     head_kv * p.k_head_stride;
-  const T* v_head = static_cast<const T*>(p.v) + (varlen ? 0 : batch * p.v_batch_stride) + k_start * p.v_row_stride +
+  const T* v_head = static_cast<const T*>(p.v) + (own_rows ? batch * p.v_batch_stride : 0) + k_start * p.v_row_stride +
                     head_kv * p.v_head_stride;
 
   // Key blocks visible to any row of this q-block (key_begin and key_end grow with the row), then
@@ -192,7 +197,16 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   constexpr bool kWholeKV = kHeadDim >= 128 && whole_tile_split<kBlockN, kHeadDim, kThreads>();
   constexpr bool kWholeQ = whole_tile_split<kBlockM, kHeadDim, kThreads>();
   const int rows_q = seqlen_q - m0;
-  auto load_kv = [&](T* tile, const T* head, int64_t row_stride, int n_block) {
+  auto load_kv = [&](T* tile, const T* head, int64_t page_stride, int64_t row_stride, int n_block) {
+    if constexpr (kPaged) {
+      // Key block j: rows [j * block_n, ..) of the sequence, all in one page. The head's base moves
+      // there, less the rows before the block, so the loads' row offsets stay the sequence's (the
+      // table's entry clamped into the pools: a device table is not validated).
+      int page_index;
+      const int page_row0 = p.page_rows.divmod(n_block * kBlockN, page_index);
+      const int page = min(max(p.block_table[batch * p.block_table_batch_stride + page_index], 0), p.num_pages - 1);
+      head += page * page_stride + int64_t(page_row0 - n_block * kBlockN) * row_stride;
+    }
     if constexpr (kWholeKV) {
       if (whole_d && (n_block + 1) * kBlockN <= seqlen_k) {
         load_whole_tile<T, kBlockN, kHeadDim, kThreads>(smem_addr(tile), head + int64_t(n_block) * kBlockN * row_stride,
@@ -202,8 +216,12 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     }
     load_tile<kBlockN, kHeadDim, kThreads>(tile, head, row_stride, n_block * kBlockN, seqlen_k, p.head_dim, p.aligned);
   };
-  auto load_k = [&](int n_block, int stage) { load_kv(sk + stage * KVTile::kElements, k_head, p.k_row_stride, n_block); };
-  auto load_v = [&](int n_block, int stage) { load_kv(sv + stage * KVTile::kElements, v_head, p.v_row_stride, n_block); };
+  auto load_k = [&](int n_block, int stage) {
+    load_kv(sk + stage * KVTile::kElements, k_head, p.k_batch_stride, p.k_row_stride, n_block);
+  };
+  auto load_v = [&](int n_block, int stage) {
+    load_kv(sv + stage * KVTile::kElements, v_head, p.v_batch_stride, p.v_row_stride, n_block);
+  };
 
   // Prologue: q and the first k (and v) block in flight.
   bool q_loaded = false;
