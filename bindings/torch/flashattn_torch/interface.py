@@ -88,6 +88,36 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                       causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
 
 
+def _rotary(x, cos, sin, positions, interleaved):
+    """x (batch, seqlen, heads, d) with its first rotary_dim = 2 * cos.shape[1] dims rotated by the angles
+    of cos / sin (seqlen_ro, rotary_dim / 2) at positions (batch, seqlen), in fp32, rounded to x's dtype."""
+    half = cos.shape[-1]
+    if cos.dim() != 2 or sin.shape != cos.shape or 2 * half > x.shape[-1]:
+        raise ValueError(f"flashattn: rotary_cos / rotary_sin must both be (seqlen_ro, rotary_dim / 2) with rotary_dim "
+                         f"<= headdim {x.shape[-1]} (got {tuple(cos.shape)}, {tuple(sin.shape)})")
+    c, s = (t.to(x.device)[positions].unsqueeze(2).float() for t in (cos, sin))  # (batch, seqlen, 1, half)
+    xr = x[..., :2 * half].float()
+    if interleaved:  # pairs (2i, 2i + 1)
+        x0, x1 = xr[..., 0::2], xr[..., 1::2]
+        rotated = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+    else:  # pairs (i, i + half)
+        x0, x1 = xr[..., :half], xr[..., half:]
+        rotated = torch.cat((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
+def _batch_idx_table(q, k_cache, cache_batch_idx):
+    """cache_batch_idx (batch,) as a page table of one page a sequence: the cache's batch axis the pages."""
+    if cache_batch_idx.dim() != 1 or cache_batch_idx.shape[0] != q.shape[0]:
+        raise ValueError(f"flashattn: cache_batch_idx must be (batch = {q.shape[0]},) (got {tuple(cache_batch_idx.shape)})")
+    if q.is_cuda and k_cache.shape[1] % 128 != 0:
+        raise NotImplementedError(f"flashattn: cache_batch_idx on CUDA needs the cache's seqlen a multiple of 128 (got "
+                                  f"{k_cache.shape[1]}): it runs as a paged cache of one page a sequence")
+    if not cache_batch_idx.is_cuda and ((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0])).any():
+        raise ValueError(f"flashattn: cache_batch_idx entries must lie in [0, {k_cache.shape[0]}) (the cache's batch)")
+    return cache_batch_idx.to(device=q.device, dtype=torch.int32).view(-1, 1)
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
                             cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
@@ -100,16 +130,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     multiple of 128). cache_seqlens (int, or int32 (batch,)): the cache rows in use per sequence (None:
     all). k / v (batch, seqlen_new, nheads_k, headdim), when given, are written into the caches in place
     at rows cache_seqlens .. + seqlen_new (which must fit, in allocated blocks when paged) and attended to
-    as well. Causal and window masks align to the end of the used rows. Returns out like q; with
-    return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). Not implemented
-    (NotImplementedError): rotary_cos / rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes."""
+    as well. Causal and window masks align to the end of the used rows. cache_batch_idx (int32 (batch,),
+    not with block_table): sequence b's cache is k_cache[cache_batch_idx[b]] (on CUDA seqlen_cache must be
+    a multiple of 128: it runs as a paged cache of one page a sequence). rotary_cos / rotary_sin
+    (seqlen_ro, rotary_dim / 2), with k and v: the new k, and q, are rotated (RoPE, in fp32) at their
+    positions cache_seqlens[b] + i before the write; q at cache_seqlens[b] alone unless causal or
+    windowed; rotary_interleaved pairs dims (0, 1), (2, 3).. else (i, i + rotary_dim / 2) (GPT-NeoX).
+    Returns out like q; with return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). Not
+    implemented (NotImplementedError): cache_leftpad, alibi_slopes."""
     _unsupported(0.0, alibi_slopes)
-    for name, arg in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
-                      ("cache_leftpad", cache_leftpad)):
-        if arg is not None:
-            raise NotImplementedError(f"flashattn: {name} is not supported by flash_attn_with_kvcache")
+    if cache_leftpad is not None:
+        raise NotImplementedError("flashattn: cache_leftpad is not supported by flash_attn_with_kvcache")
     if (k is None) != (v is None):
         raise ValueError("flashattn: pass both k and v (the new keys and values), or neither")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("flashattn: pass both rotary_cos and rotary_sin, or neither")
+    if rotary_cos is not None and k is None:
+        raise ValueError("flashattn: rotary_cos / rotary_sin rotate the new k (and q): pass k and v with them")
+    if cache_batch_idx is not None:
+        if block_table is not None:
+            raise ValueError("flashattn: cache_batch_idx is not supported with block_table (index the table instead)")
+        block_table = _batch_idx_table(q, k_cache, cache_batch_idx)
     if block_table is not None:
         ops._check_block_table(q, block_table)  # before the table indexes the caches below
     if softmax_scale is None:
@@ -128,6 +169,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError("flashattn: k and v are appended at cache_seqlens: pass cache_seqlens with them")
         rows = used.long()[:, None] + torch.arange(k.shape[1], device=q.device)  # (batch, seqlen_new)
         batch_index = torch.arange(batch, device=q.device)[:, None]
+        if rotary_cos is not None:
+            k = _rotary(k, rotary_cos, rotary_sin, rows, rotary_interleaved)
+            # q's rows sit at the end of the keys when masked so; else all at the first new position.
+            masked = causal or tuple(window_size) != (-1, -1)
+            q_rows = used.long()[:, None] + (torch.arange(q.shape[1], device=q.device) if masked else 0)
+            q = _rotary(q, rotary_cos, rotary_sin, q_rows.expand(batch, q.shape[1]), rotary_interleaved)
         if block_table is None:
             k_cache[batch_index, rows] = k
             v_cache[batch_index, rows] = v

@@ -104,7 +104,7 @@ def test_an_int_cache_length_and_no_length():
     assert (part.double() - ref).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("arg", ["rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "alibi_slopes"])
+@pytest.mark.parametrize("arg", ["cache_leftpad", "alibi_slopes"])
 def test_unsupported_arguments_raise_naming_them(arg):
     q, k_cache = torch.randn(1, 1, 2, 16), torch.randn(1, 8, 2, 16)
     with pytest.raises(NotImplementedError, match=arg):
@@ -259,3 +259,113 @@ def test_cuda_page_size_not_a_multiple_of_128_is_an_error_naming_it():
     with pytest.raises(FlashAttnError, match="page_block_size"):
         flash_attn_with_kvcache(q, pool, pool.clone(), cache_seqlens=torch.tensor([40, 20], dtype=torch.int32,
                                 device="cuda"), block_table=table)
+
+
+# Rotary embeddings (rotary_cos / rotary_sin): the new k and q rotated at their positions before the write.
+def rope_reference(x, theta, positions, interleaved):
+    """x rotated by the angles theta (seqlen_ro, rotary_dim / 2) at positions (batch, seqlen), as complex
+    products in fp64: pairs (2i, 2i + 1) when interleaved, else (i, i + rotary_dim / 2)."""
+    half = theta.shape[1]
+    xr = x[..., :2 * half].double()
+    if interleaved:
+        pairs = torch.complex(xr[..., 0::2], xr[..., 1::2])
+    else:
+        pairs = torch.complex(xr[..., :half], xr[..., half:])
+    turned = pairs * torch.polar(torch.ones_like(theta), theta)[positions].unsqueeze(2)
+    if interleaved:
+        rotated = torch.stack((turned.real, turned.imag), dim=-1).flatten(-2)
+    else:
+        rotated = torch.cat((turned.real, turned.imag), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_rotary_rotates_the_new_keys_and_q_at_their_positions(device, interleaved, causal):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    batch, rows, h, hk, d, new, rotary_dim = 3, 256, 4, 2, 64, 3, 32
+    used = [10, 0, 200]
+    theta = (torch.arange(rows, dtype=torch.float64)[:, None] *
+             10000.0 ** (-torch.arange(rotary_dim // 2, dtype=torch.float64) * 2 / rotary_dim)).to(device)
+    cos, sin = theta.cos().float(), theta.sin().float()
+    q = torch.randn(batch, new, h, d, dtype=dtype, device=device)
+    k, v = (torch.randn(batch, new, hk, d, dtype=dtype, device=device) for _ in range(2))
+    k_cache, v_cache = (nan_cache(batch, rows, hk, d, used, dtype, device) for _ in range(2))
+    seqlens = torch.tensor(used, dtype=torch.int32, device=device)
+    k_pos = seqlens.long()[:, None] + torch.arange(new, device=device)
+    q_pos = k_pos if causal else seqlens.long()[:, None].expand(batch, new)
+    q_rot, k_rot = rope_reference(q, theta, q_pos, interleaved), rope_reference(k, theta, k_pos, interleaved)
+    before = k_cache.clone()
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
+                                  causal=causal, rotary_interleaved=interleaved)
+    # The cache holds the rotated keys (to the dtype's rounding: fp32 products against fp64 ones), the
+    # values as given, the rows before untouched; the dims past rotary_dim are not rotated.
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for b, n in enumerate(used):
+        assert (k_cache[b, n:n + new].double() - k_rot[b].double()).abs().max().item() < tol
+        assert torch.equal(k_cache[b, n:n + new, :, rotary_dim:], k[b, :, :, rotary_dim:])
+        assert torch.equal(v_cache[b, n:n + new], v[b]) and torch.equal(k_cache[b, :n], before[b, :n])
+    # Attention with q rotated as the reference rotates it, over the cache as it now is.
+    total, kw = seqlens + new, {"causal": causal}
+    ref, _ = per_sequence(q_rot, k_cache, v_cache, total, torch.float64, **kw)
+    plain, _ = per_sequence(q_rot, k_cache, v_cache, total, dtype, **kw)
+    check_rule("out", out, ref, plain, 2, dtype, out_floor(q_rot, k_cache, v_cache, total, **kw))
+
+
+def test_rotary_argument_errors():
+    q, k_cache, k = torch.randn(1, 1, 2, 16), torch.randn(1, 8, 2, 16), torch.randn(1, 1, 2, 16)
+    cos = torch.ones(8, 4)
+    with pytest.raises(ValueError, match="rotary_cos and rotary_sin"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), k, k.clone(), rotary_cos=cos, cache_seqlens=2)
+    with pytest.raises(ValueError, match="pass k and v"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), rotary_cos=cos, rotary_sin=cos, cache_seqlens=2)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        big = torch.ones(8, 9)  # rotary_dim 18 > headdim 16
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), k, k.clone(), rotary_cos=big, rotary_sin=big, cache_seqlens=2)
+
+
+# cache_batch_idx: sequence b reads and writes the cache's batch row cache_batch_idx[b].
+@pytest.mark.parametrize("device", DEVICES)
+def test_cache_batch_idx_selects_each_sequences_cache_row(device):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    cache_batch, rows, h, hk, d, new = 5, 256, 4, 2, 64, 2
+    index = [4, 0, 2]
+    used = [100, 0, 254]  # cache_seqlens of the 3 sequences (their rows' used lengths)
+    k_cache, v_cache = (torch.randn(cache_batch, rows, hk, d, dtype=dtype, device=device) for _ in range(2))
+    for i, n in zip(index, used):
+        k_cache[i, n:] = v_cache[i, n:] = float("nan")
+    q = torch.randn(len(index), new, h, d, dtype=dtype, device=device)
+    k, v = (torch.randn(len(index), new, hk, d, dtype=dtype, device=device) for _ in range(2))
+    idx = torch.tensor(index, dtype=torch.int32, device=device)
+    seqlens = torch.tensor(used, dtype=torch.int32, device=device)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_batch_idx=idx, causal=True)
+    for b, (i, n) in enumerate(zip(index, used)):
+        assert torch.equal(k_cache[i, n:n + new], k[b]) and torch.equal(v_cache[i, n:n + new], v[b])
+    untouched = [i for i in range(cache_batch) if i not in index]
+    assert torch.equal(k_cache[untouched], before_k[untouched]) and torch.equal(v_cache[untouched], before_v[untouched])
+    gathered_k, gathered_v, total = k_cache[idx.long()], v_cache[idx.long()], seqlens + new
+    ref, _ = per_sequence(q, gathered_k, gathered_v, total, torch.float64, causal=True)
+    plain, _ = per_sequence(q, gathered_k, gathered_v, total, dtype, causal=True)
+    check_rule("out", out, ref, plain, 2, dtype, out_floor(q, gathered_k, gathered_v, total, causal=True))
+
+
+def test_cache_batch_idx_errors():
+    q, k_cache = torch.randn(2, 1, 2, 16), torch.randn(3, 8, 2, 16)
+    with pytest.raises(ValueError, match="cache_batch_idx"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_batch_idx=torch.tensor([0, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_batch_idx"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_batch_idx=torch.tensor([0], dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_table"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32),
+                                block_table=torch.zeros(2, 1, dtype=torch.int32))
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_cuda_cache_batch_idx_needs_a_cache_length_multiple_of_128():
+    q, k_cache = torch.randn(2, 1, 2, 64, device="cuda", dtype=torch.bfloat16), torch.randn(3, 200, 2, 64, device="cuda",
+                                                                                            dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="multiple of 128"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32,
+                                                                                           device="cuda"))
