@@ -267,11 +267,32 @@ DECODE_SETS = [(16, 16, [(b, sk) for b in (1, 4, 16) for sk in (4096, 16384, 655
                (32, 8, [(1, 32768), (1, 131072), (8, 16384), (32, 8192)])]
 
 
+def paged_cache(k, v, page, gen):
+    """k, v (batch, seqlen_k, heads_kv, d) as a paged KV cache: pools of pages of `page` rows in a random
+    order, the table (batch, seqlen_k / page) int32, and the fa_params fields that describe them."""
+    b, sk, hk, d = k.shape
+    per_seq = sk // page
+    order = torch.randperm(b * per_seq, device=k.device, generator=gen)
+    table = order.view(b, per_seq).to(torch.int32).contiguous()
+    pools = []
+    for x in (k, v):
+        pool = torch.empty(b * per_seq, page, hk, d, device=x.device, dtype=x.dtype)
+        pool[order] = x.reshape(b * per_seq, page, hk, d)
+        pools.append(pool)
+    fields = dict(block_table=table.data_ptr(), block_table_batch_stride=per_seq, page_block_size=page,
+                  num_pages=b * per_seq, seqlen_k=sk)
+    return pools[0], pools[1], table, fields
+
+
+DECODE_PAGE = 256  # flashattn-paged: the same cache in shuffled pages of this many rows
+
+
 def decode(lib, impls, device, date):
     """One query row against a long key/value cache (inference decode), head_dim 128, bf16: the case where
     batch x heads x q-blocks cannot fill the GPU and the keys must be split. The figure of merit is the
-    bandwidth of reading K and V once (GB/s); flashattn-auto is the library's own choice. The reference
-    is the math backend on K, V repeated to every query head."""
+    bandwidth of reading K and V once (GB/s); flashattn-auto is the library's own choice, flashattn-paged
+    the same on the cache paged (DECODE_PAGE). The reference is the math backend on K, V repeated to
+    every query head."""
     rows = []
     d = 128
     for heads, heads_kv, shapes in DECODE_SETS:
@@ -287,9 +308,14 @@ def decode(lib, impls, device, date):
                 kr, vr = (x.repeat_interleave(heads // heads_kv, 2) for x in (k, v))
                 ref = torch_fwd(SDPBackend.MATH, q.float(), kr.float(), vr.float(), False)
                 del kr, vr
-            for impl in ["flashattn-auto"] + [i for i in impls if i != "torch-math"]:
+            kp = vp = table = None
+            for impl in ["flashattn-auto", "flashattn-paged"] + [i for i in impls if i != "torch-math"]:
                 try:
-                    if impl.startswith("flashattn"):
+                    if impl == "flashattn-paged":
+                        kp, vp, table, fields = paged_cache(k, v, DECODE_PAGE, gen)
+                        ours = Ours(lib, "auto", q, kp, vp, False, **fields)
+                        fn = ours.forward
+                    elif impl.startswith("flashattn"):
                         ours = Ours(lib, "auto" if impl == "flashattn-auto" else impl, q, k, v, False)
                         fn = ours.forward
                     else:
@@ -307,7 +333,7 @@ def decode(lib, impls, device, date):
             print(f"decode h={heads}:{heads_kv} b={batch} sk={sk}: " + " ".join(
                 f"{r['impl']}={r['gbps']:.0f}GB/s" for r in rows
                 if (r["heads"], r["heads_kv"], r["batch"], r["seqlen_k"]) == (heads, heads_kv, batch, sk)), flush=True)
-            del q, k, v, ref
+            del q, k, v, ref, kp, vp, table
             torch.cuda.empty_cache()
     return rows
 

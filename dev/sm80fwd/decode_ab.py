@@ -37,21 +37,6 @@ if os.environ.get("FLUSH", "1") == "1":
 PAGE = int(os.environ.get("PAGE", "0"))
 
 
-def paged(k, v, page, gen):
-    """k, v (b, sk, hk, d) as pools of pages of `page` rows in a random order, and the table."""
-    b, sk, hk, dd = k.shape
-    per_seq = sk // page
-    order = torch.randperm(b * per_seq, device="cuda", generator=gen)
-    table = order.view(b, per_seq).to(torch.int32).contiguous()
-    pools = []
-    for x in (k, v):
-        pool = torch.empty(b * per_seq, page, hk, dd, device="cuda", dtype=x.dtype)
-        pool[order] = x.reshape(b * per_seq, page, hk, dd)
-        pools.append(pool)
-    extra = dict(block_table=table.data_ptr(), block_table_batch_stride=per_seq, page_block_size=page,
-                 num_pages=b * per_seq, seqlen_k=sk)
-    return pools[0], pools[1], table, extra
-
 
 last = list(libs)[-1]
 names = list(libs) + ([f"{last}-paged"] if PAGE else [])
@@ -72,7 +57,7 @@ for shape in shapes:
     kv_bytes = 2 * k.numel() * k.element_size()
     ours = {n: gb.Ours(lib, IMPL, q, k, v, False) for n, lib in libs.items()}
     if PAGE:
-        kp, vp, table, extra = paged(k, v, PAGE, gen)
+        kp, vp, table, extra = gb.paged_cache(k, v, PAGE, gen)
         ours[f"{last}-paged"] = gb.Ours(libs[last], IMPL, q, kp, vp, False, **extra)
     calls = {n: o.forward for n, o in ours.items()}
     with torch.no_grad():
