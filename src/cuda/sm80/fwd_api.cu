@@ -179,9 +179,6 @@ Status sm80_forward(const fa_params& params) {
     return unsupported("softmax_scale %g: flashattn-sm80 needs a scale >= 0 (its running max assumes it)", double(p.softmax_scale));
   if (p.num_heads > 65535) return unsupported("num_heads %d: flashattn-sm80 launches at most 65535", p.num_heads);
   if (p.batch > 65535) return unsupported("batch %d: flashattn-sm80 launches at most 65535", p.batch);
-  if (p.block_table && p.page_block_size % sm80::kPageMultiple != 0)
-    return unsupported("page_block_size %d: flashattn-sm80 needs a multiple of %d (a key block in one page)", p.page_block_size,
-                       sm80::kPageMultiple);
   if (p.batch == 0 || p.seqlen_q == 0 || num_rows(p) == 0) return {};
 
   const int splits = num_splits(p, split_config(p, kernel_head_dim));

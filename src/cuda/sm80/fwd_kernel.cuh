@@ -31,9 +31,24 @@ namespace flashattn::sm80 {
 
 constexpr float kNegInf = -__builtin_huge_valf();
 
+// One 16-byte unit (8 elements from column col) of a tile row from src to dst, zero past the row's
+// end or head_dim. kAligned: 16-byte cp.async (asynchronous, completes at cp_async_wait; an invalid
+// unit reads nothing, its address `fallback`); otherwise element loads and a 16-byte store.
+template <bool kAligned, class T>
+__device__ __forceinline__ void load_unit(T* dst, const T* src, const T* fallback, bool valid_row, int col, int head_dim) {
+  if constexpr (kAligned) {
+    const bool valid = valid_row && head_dim > col;
+    cp_async_16(dst, valid ? src : fallback, valid);
+  } else {
+    alignas(16) T vals[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) vals[e] = (valid_row && col + e < head_dim) ? src[e] : T(0.f);
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
+  }
+}
+
 // Loads rows [row0, row0 + kRows) of one head of a (rows, head_dim) view into a swizzled tile;
-// rows >= num_valid_rows and columns >= head_dim are zero-filled. kAligned: 16-byte cp.async
-// (asynchronous, completes at cp_async_wait); otherwise plain element loads and 16-byte stores.
+// rows >= num_valid_rows and columns >= head_dim are zero-filled (load_unit).
 template <int kRows, int kCols, int kThreads, bool kAligned, class T>
 __device__ __forceinline__ void load_tile_units(T* tile, const T* head_base, int64_t row_stride, int row0,
                                                 int num_valid_rows, int head_dim) {
@@ -42,15 +57,7 @@ __device__ __forceinline__ void load_tile_units(T* tile, const T* head_base, int
   constexpr int kRowsPerPass = kThreads / kUnitsPerRow;  // rows one pass of the CTA covers
   constexpr int kTileUnits = kRows * kUnitsPerRow;
   auto load_unit = [&](const T* src, bool valid_row, int col, T* dst) {
-    if constexpr (kAligned) {
-      const bool valid = valid_row && col < head_dim;
-      cp_async_16(dst, valid ? src : head_base, valid);
-    } else {
-      alignas(16) T vals[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) vals[e] = (valid_row && col + e < head_dim) ? src[e] : T(0.f);
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
-    }
+    sm80::load_unit<kAligned>(dst, src, head_base, valid_row, col, head_dim);
   };
   if constexpr (kThreads % kUnitsPerRow == 0 && kRowsPerPass % 8 == 0 && kTileUnits % kThreads == 0) {
     // This thread's units share one column and rows kRowsPerPass apart (a multiple of 8), so one
@@ -82,6 +89,33 @@ __device__ __forceinline__ void load_tile(T* tile, const T* head_base, int64_t r
     load_tile_units<kRows, kCols, kThreads, true>(tile, head_base, row_stride, row0, num_valid_rows, head_dim);
   else
     load_tile_units<kRows, kCols, kThreads, false>(tile, head_base, row_stride, row0, num_valid_rows, head_dim);
+}
+
+// Rows [row0, row0 + kRows) of one kv head of a paged KV cache whose pages do not hold whole tiles:
+// each row's page looked up in the sequence's table row (clamped into the pools: a device table is
+// not validated); rows >= num_valid_rows and columns >= head_dim zero-filled (load_unit).
+template <int kRows, int kCols, int kThreads, bool kAligned, class T>
+__device__ __forceinline__ void load_paged_rows(T* tile, const T* pool_head, const int32_t* table, const FastDivmod& page_rows,
+                                                int num_pages, int64_t page_stride, int64_t row_stride, int row0,
+                                                int num_valid_rows, int head_dim) {
+  using Tile = SmemTile<kRows, kCols>;
+  constexpr int kUnitsPerRow = kCols / 8;
+  constexpr int kTileUnits = kRows * kUnitsPerRow;
+#pragma unroll 1
+  for (int i = 0; i < (kTileUnits + kThreads - 1) / kThreads; ++i) {
+    const int unit = i * kThreads + threadIdx.x;
+    if (kTileUnits % kThreads != 0 && unit >= kTileUnits) break;
+    const int row = unit / kUnitsPerRow, col = (unit % kUnitsPerRow) * 8;
+    const bool valid_row = row0 + row < num_valid_rows;
+    const T* src = pool_head;
+    if (valid_row) {
+      int page_index;
+      const int page_row = page_rows.divmod(row0 + row, page_index);
+      const int page = min(max(table[page_index], 0), num_pages - 1);
+      src += page * page_stride + int64_t(page_row) * row_stride + col;
+    }
+    load_unit<kAligned>(tile + Tile::offset(row, col), src, pool_head, valid_row, col, head_dim);
+  }
 }
 
 // Pairwise (tree) reductions of n values: short dependency chains.
@@ -199,12 +233,22 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   const int rows_q = seqlen_q - m0;
   auto load_kv = [&](T* tile, const T* head, int64_t page_stride, int64_t row_stride, int n_block) {
     if constexpr (kPaged) {
+      const int32_t* table = p.block_table + batch * p.block_table_batch_stride;
+      if (p.page_rows.divisor % kBlockN != 0) {  // pages of fewer rows than a block, or straddling blocks
+        if (p.aligned)
+          load_paged_rows<kBlockN, kHeadDim, kThreads, true>(tile, head, table, p.page_rows, p.num_pages, page_stride,
+                                                             row_stride, n_block * kBlockN, seqlen_k, p.head_dim);
+        else
+          load_paged_rows<kBlockN, kHeadDim, kThreads, false>(tile, head, table, p.page_rows, p.num_pages, page_stride,
+                                                              row_stride, n_block * kBlockN, seqlen_k, p.head_dim);
+        return;
+      }
       // Key block j: rows [j * block_n, ..) of the sequence, all in one page. The head's base moves
       // there, less the rows before the block, so the loads' row offsets stay the sequence's (the
       // table's entry clamped into the pools: a device table is not validated).
       int page_index;
       const int page_row0 = p.page_rows.divmod(n_block * kBlockN, page_index);
-      const int page = min(max(p.block_table[batch * p.block_table_batch_stride + page_index], 0), p.num_pages - 1);
+      const int page = min(max(table[page_index], 0), p.num_pages - 1);
       head += page * page_stride + int64_t(page_row0 - n_block * kBlockN) * row_stride;
     }
     if constexpr (kWholeKV) {
