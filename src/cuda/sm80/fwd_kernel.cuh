@@ -118,6 +118,21 @@ __device__ __forceinline__ void load_paged_rows(T* tile, const T* pool_head, con
   }
 }
 
+// Programmatic dependent launch (sm_90; nothing before): the split-KV combine is launched to start
+// while the split grid runs (run_fwd_combine), so its launch is not another gap after it. Each split
+// CTA lets it be scheduled at once (its CTAs need no shared memory and wait); the combine waits until
+// the whole split grid has finished and its partials are visible.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Pairwise (tree) reductions of n values: short dependency chains.
 template <int n>
 __device__ __forceinline__ float tree_max(float (&x)[n]) {
@@ -148,6 +163,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   constexpr bool kWarpsSplitKeys = Traits::kWarpsSplitKeys;
   using QTile = SmemTile<kBlockM, kHeadDim>;
   using KVTile = SmemTile<kBlockN, kHeadDim>;
+  allow_dependent_launch();  // the combine, when split (a grid launched as a dependent still waits for this one)
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* sq = reinterpret_cast<T*>(smem);
@@ -604,6 +620,7 @@ template <class T>
 __global__ void __launch_bounds__(128) fwd_combine_kernel(const FwdParams p) {
   const int64_t item = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (global_row, head)
   if (item >= p.num_rows * p.num_heads) return;
+  wait_for_prior_grid();
   const int lane = threadIdx.x % 32;
   const int64_t global_row = item / p.num_heads;
   const int head = int(item % p.num_heads);

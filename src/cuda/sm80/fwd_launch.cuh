@@ -44,7 +44,19 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) {
 template <class T>
 Status run_fwd_combine(const FwdParams& p, cudaStream_t stream) {
   const int64_t items = p.num_rows * p.num_heads;  // one warp each, 4 per CTA
-  fwd_combine_kernel<T><<<unsigned((items + 3) / 4), 128, 0, stream>>>(p);
+  // On sm_90, a programmatic dependent of the split grid (wait_for_prior_grid).
+  cuda::DeviceInfo dev;
+  FA_RETURN_IF_ERROR(cuda::device_info(&dev));
+  cudaLaunchAttribute pdl[1] = {};
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned((items + 3) / 4));
+  config.blockDim = dim3(128);
+  config.stream = stream;
+  config.attrs = pdl;
+  config.numAttrs = dev.sm >= 90 ? 1 : 0;
+  FA_CUDA_CHECK(cudaLaunchKernelEx(&config, fwd_combine_kernel<T>, p));
   FA_CUDA_CHECK_LAUNCH("flashattn-sm80 split-KV combine launch");
   return {};
 }
