@@ -3,8 +3,9 @@ head_dim 128, one process: each shape timed by every build in turn, ROUNDS times
 in reverse order), median of N calls each time (dev/sm80bwd/event_timing.py; FLUSH=1: the L2 emptied before
 each call, as the library benchmark's do_bench does). IMPL: the implementation asked for (default auto, the
 library's own choice; flashattn-sm80 forces the split-KV path). CUDNN=1: torch's cuDNN SDPA (no_grad) as one
-more column. PAGE=n: the last build also on the same cache paged (pages of n rows, shuffled in a pool;
-fa_params.block_table), as NAME-paged (a build from before the paged cache would ignore the table). Each build's output is checked against torch's flash SDPA once per shape (max |diff|).
+more column. PAGE=n: the builds named in PAGED (comma-separated; default the last) also on the same cache paged (pages of
+n rows, shuffled in a pool; fa_params.block_table), as NAME-paged (a build from before the paged cache, 78fe47c,
+would ignore the table). Each build's output is checked against torch's flash SDPA once per shape (max |diff|).
 usage: python3 dev/sm80fwd/decode_ab.py NAME=LIB,NAME=LIB [SHAPES]; SHAPES: ';'-separated
 "batch,seqlen_k[,heads[,heads_kv]]" (default: bench/gpu_bench.py's decode problems, 16 heads). Prints GB/s of
 K and V read per build (the median over rounds) and each build's ratio to the first (the median of the
@@ -38,8 +39,8 @@ PAGE = int(os.environ.get("PAGE", "0"))
 
 
 
-last = list(libs)[-1]
-names = list(libs) + ([f"{last}-paged"] if PAGE else [])
+paged_libs = os.environ.get("PAGED", list(libs)[-1]).split(",") if PAGE else []
+names = list(libs) + [f"{n}-paged" for n in paged_libs]
 if os.environ.get("CUDNN", "0") == "1":
     names.append("cudnn")
 props = torch.cuda.get_device_properties(0)
@@ -58,7 +59,7 @@ for shape in shapes:
     ours = {n: gb.Ours(lib, IMPL, q, k, v, False) for n, lib in libs.items()}
     if PAGE:
         kp, vp, table, extra = gb.paged_cache(k, v, PAGE, gen)
-        ours[f"{last}-paged"] = gb.Ours(libs[last], IMPL, q, kp, vp, False, **extra)
+        ours.update({f"{n}-paged": gb.Ours(libs[n], IMPL, q, kp, vp, False, **extra) for n in paged_libs})
     calls = {n: o.forward for n, o in ours.items()}
     with torch.no_grad():
         ref = gb.torch_fwd(gb.SDPBackend.FLASH_ATTENTION if heads == heads_kv else gb.SDPBackend.MATH,
