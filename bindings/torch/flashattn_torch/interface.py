@@ -132,11 +132,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (seqlen_ro, rotary_dim / 2), with k and v: the new k, and q, are rotated (RoPE, in fp32) at their
     positions cache_seqlens[b] + i before the write; q at cache_seqlens[b] alone unless causal or
     windowed; rotary_interleaved pairs dims (0, 1), (2, 3).. else (i, i + rotary_dim / 2) (GPT-NeoX).
-    Returns out like q; with return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). Not
-    implemented (NotImplementedError): cache_leftpad, alibi_slopes."""
+    cache_leftpad (int32 (batch,), not with block_table): sequence b's keys start at cache row
+    cache_leftpad[b] (the rows before are never read; masks align to the keys from there; cache_seqlens
+    stays the end row, where new k, v go, and the rotary positions are cache rows). Returns out like q; with
+    return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). Not implemented
+    (NotImplementedError): alibi_slopes."""
     _unsupported(0.0, alibi_slopes)
     if cache_leftpad is not None:
-        raise NotImplementedError("flashattn: cache_leftpad is not supported by flash_attn_with_kvcache")
+        cache_leftpad = cache_leftpad.to(device=q.device, dtype=torch.int32)
     if (k is None) != (v is None):
         raise ValueError("flashattn: pass both k and v (the new keys and values), or neither")
     if (rotary_cos is None) != (rotary_sin is None):
@@ -186,8 +189,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         used = used + k.shape[1]
     left, right = _window(window_size)
     softcap = float(softcap) if softcap > 0 else 0.0
-    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, used, block_table, float(softmax_scale), bool(causal), left, right,
-                               softcap, int(num_splits))
+    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, used, block_table, cache_leftpad, float(softmax_scale), bool(causal),
+                               left, right, softcap, int(num_splits))
     return (out, lse) if return_softmax_lse else out
 
 

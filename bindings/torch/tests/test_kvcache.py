@@ -104,7 +104,7 @@ def test_an_int_cache_length_and_no_length():
     assert (part.double() - ref).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("arg", ["cache_leftpad", "alibi_slopes"])
+@pytest.mark.parametrize("arg", ["alibi_slopes"])
 def test_unsupported_arguments_raise_naming_them(arg):
     q, k_cache = torch.randn(1, 1, 2, 16), torch.randn(1, 8, 2, 16)
     with pytest.raises(NotImplementedError, match=arg):
@@ -249,7 +249,7 @@ def test_opcheck_fwd_kvcache(device, paged):
         k_cache, v_cache = (torch.randn(2, 2 * page, 2, 64, dtype=torch.bfloat16, device=device) for _ in range(2))
         table = None
     torch.library.opcheck(torch.ops.flashattn.fwd_kvcache.default,
-                          (q, k_cache, v_cache, used, table, 0.125, True, -1, -1, 0.0, 0))
+                          (q, k_cache, v_cache, used, table, None, 0.125, True, -1, -1, 0.0, 0))
 
 
 # Rotary embeddings (rotary_cos / rotary_sin): the new k and q rotated at their positions before the write.
@@ -351,3 +351,38 @@ def test_cache_batch_idx_errors():
     with pytest.raises(ValueError, match="block_table"):
         flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32),
                                 block_table=torch.zeros(2, 1, dtype=torch.int32))
+
+
+# cache_leftpad: sequence b's keys are cache rows [cache_leftpad[b], cache_seqlens[b]).
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_cache_leftpad_attends_to_the_rows_after_the_padding(device, causal):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    batch, rows, h, hk, d, new = 3, 300, 4, 2, 64, 2
+    pad, used = [5, 40, 0], [200, 40, 298]  # sequence 1 has no cached key: only the new ones
+    k_cache, v_cache = (nan_cache(batch, rows, hk, d, used, dtype, device) for _ in range(2))
+    for b, n in enumerate(pad):
+        k_cache[b, :n] = v_cache[b, :n] = float("nan")
+    q = torch.randn(batch, new, h, d, dtype=dtype, device=device)
+    k, v = (torch.randn(batch, new, hk, d, dtype=dtype, device=device) for _ in range(2))
+    seqlens, leftpad = (torch.tensor(x, dtype=torch.int32, device=device) for x in (used, pad))
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_leftpad=leftpad, causal=causal)
+    for b, n in enumerate(used):
+        assert torch.equal(k_cache[b, n:n + new], k[b]) and torch.equal(v_cache[b, n:n + new], v[b])
+    # The reference: each sequence's keys moved to row 0, its length less the padding.
+    shifted_k, shifted_v = (torch.full_like(x, float("nan")) for x in (k_cache, v_cache))
+    for b, n in enumerate(pad):
+        shifted_k[b, :rows - n], shifted_v[b, :rows - n] = k_cache[b, n:], v_cache[b, n:]
+    total = seqlens + new - leftpad
+    ref, _ = per_sequence(q, shifted_k, shifted_v, total, torch.float64, causal=causal)
+    plain, _ = per_sequence(q, shifted_k, shifted_v, total, dtype, causal=causal)
+    check_rule("out", out, ref, plain, 2, dtype, out_floor(q, shifted_k, shifted_v, total, causal=causal))
+
+
+def test_cache_leftpad_errors():
+    q, k_cache = torch.randn(2, 1, 2, 16), torch.randn(2, 8, 2, 16)
+    with pytest.raises(FlashAttnError, match="leftpad_k"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_seqlens=torch.tensor([3, 5], dtype=torch.int32),
+                                cache_leftpad=torch.tensor([4, 0], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_leftpad"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_leftpad=torch.tensor([0], dtype=torch.int32))

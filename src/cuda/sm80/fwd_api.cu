@@ -88,6 +88,7 @@ FwdParams make_params(const fa_params& p, int splits) {
   f.block_table_batch_stride = p.block_table_batch_stride;
   f.page_rows = FastDivmod(p.page_block_size);
   f.num_pages = p.num_pages;
+  f.leftpad_k = p.leftpad_k;
   f.batch = p.batch, f.seqlen_q = p.seqlen_q, f.seqlen_k = p.seqlen_k;
   f.num_heads = p.num_heads, f.num_heads_kv = p.num_heads_kv, f.head_dim = p.head_dim;
   f.group = p.num_heads / p.num_heads_kv;
@@ -126,9 +127,9 @@ fa_params gqa_decode_view(const fa_params& p) {
 }
 
 // The config whose q-blocks the split count is chosen for: the table's (the decode and few-rows
-// tiles hold one q-block as it does), or a paged cache's decode tiles at any number of rows.
+// tiles hold one q-block as it does), or a paged or left-padded cache's decode tiles at any number of rows.
 FwdConfig split_config(const fa_params& p, int kernel_head_dim) {
-  return p.block_table ? sm80::fwd_decode_config(kernel_head_dim) : sm80::fwd_config(kernel_head_dim);
+  return p.block_table || p.leftpad_k ? sm80::fwd_decode_config(kernel_head_dim) : sm80::fwd_config(kernel_head_dim);
 }
 
 // The kernel head dim of p (after gqa_decode_view) when its sm80 forward kernel was built, else 0.

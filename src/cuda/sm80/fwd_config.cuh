@@ -167,6 +167,7 @@ struct FwdParams {
   int64_t num_rows;
   float* o_partial;    // (num_splits, num_rows, num_heads, head_dim)
   float* lse_partial;  // (num_splits, num_heads, num_rows)
+  const int32_t* leftpad_k;  // a left-padded KV cache: sequence b's keys start at row leftpad_k[b]
 };
 
 }  // namespace flashattn::sm80

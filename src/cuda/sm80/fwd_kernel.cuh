@@ -152,9 +152,10 @@ __device__ __forceinline__ float tree_sum(float (&x)[n]) {
 }
 
 // The config arrives as its fields: nvcc's host stubs cannot take a class-type template argument.
-// kPaged: k and v are a paged KV cache's pools (p.block_table); a separate instance, since the page
-// lookup in the shared code cost the unpaged kernels 2-8% (spills; H200, session 62).
-template <int kHeadDim, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, class T, bool kPaged>
+// kKvCache: the instance for a paged KV cache (p.block_table: k and v are pools of pages) or a
+// left-padded one (p.leftpad_k); separate, since the page lookup in the shared code cost the other
+// kernels 2-8% (spills; H200, session 62).
+template <int kHeadDim, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, class T, bool kKvCache>
 __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   using Traits = FwdTraits<FwdConfig{kHeadDim, kBlockM_, kBlockN_, kWarps_, kStages_}>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kThreads = Traits::kThreads, kWarps = Traits::kWarps;
@@ -187,13 +188,20 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     // The keys past it are a KV cache's unused rows. Clamped: the device array is not validated.
     seqlen_k = min(max(p.seqused_k[batch], 0), seqlen_k);
   }
+  if constexpr (kKvCache) {
+    if (p.leftpad_k) {  // a left-padded cache: the keys start at row leftpad_k[b] (clamped likewise)
+      k_start = min(max(p.leftpad_k[batch], 0), seqlen_k);
+      seqlen_k -= int(k_start);
+    }
+  }
   const int m0 = m_block * kBlockM;
   if (m0 >= seqlen_q) return;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const T* q_head = static_cast<const T*>(p.q) + (varlen ? 0 : batch * p.q_batch_stride) + (q_start + m0) * p.q_row_stride +
                     head * p.q_head_stride;
   // k and v of this kv head: the sequence's rows, or (paged) the pools, whose pages load_kv finds.
-  const bool own_rows = !varlen && !kPaged;
+  const bool paged = kKvCache && p.block_table != nullptr;
+  const bool own_rows = !varlen && !paged;
   const T* k_head = static_cast<const T*>(p.k) + (own_rows ? batch * p.k_batch_stride : 0) + k_start * p.k_row_stride +
                     head_kv * p.k_head_stride;
   const T* v_head = static_cast<const T*>(p.v) + (own_rows ? batch * p.v_batch_stride : 0) + k_start * p.v_row_stride +
@@ -248,7 +256,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   constexpr bool kWholeQ = whole_tile_split<kBlockM, kHeadDim, kThreads>();
   const int rows_q = seqlen_q - m0;
   auto load_kv = [&](T* tile, const T* head, int64_t page_stride, int64_t row_stride, int n_block) {
-    if constexpr (kPaged) {
+    if (paged) {
       const int32_t* table = p.block_table + batch * p.block_table_batch_stride;
       if (p.page_rows.divisor % kBlockN != 0) {  // pages of fewer rows than a block, or straddling blocks
         if (p.aligned)
