@@ -274,6 +274,30 @@ TEST(InvalidArguments, PagedKvCache) {
                   false);
 }
 
+TEST(InvalidArguments, LeftpadK) {
+  for (fa_impl impl : kCpuImpls) {
+    Buffers b;
+    std::vector<int32_t> pad{2, 3};  // sequence 1 (3 used keys) padded to its end: no key
+    b.p.seqused_k = b.used_k.data();
+    b.p.leftpad_k = pad.data();
+    EXPECT_EQ(fa_forward(&b.p, impl), FA_OK) << fa_impl_name(impl) << ": " << fa_last_error();
+  }
+  static std::vector<int32_t> pad;
+  pad = {2, 4};  // past sequence 1's 3 used keys
+  expect_rejected([](Buffers& b) { b.p.seqused_k = b.used_k.data(); b.p.leftpad_k = pad.data(); }, FA_ERROR_INVALID_ARGUMENT,
+                  {"leftpad_k[1]", "4", "seqused_k"}, true, false);
+  expect_rejected([](Buffers& b) { pad = {-1, 0}; b.p.leftpad_k = pad.data(); }, FA_ERROR_INVALID_ARGUMENT, {"leftpad_k[0]"},
+                  true, false);
+  expect_rejected([](Buffers& b) { pad = {8, 0}; b.p.leftpad_k = pad.data(); }, FA_ERROR_INVALID_ARGUMENT,
+                  {"leftpad_k[0]", "seqlen_k"}, true, false);
+  expect_rejected([](Buffers& b) { pad = {0, 0}; b.p.leftpad_k = pad.data(); b.make_varlen(); }, FA_ERROR_UNSUPPORTED,
+                  {"leftpad_k", "cu_seqlens"});
+  expect_rejected([](Buffers& b) { pad = {0, 0}; b.make_paged(); b.p.leftpad_k = pad.data(); }, FA_ERROR_UNSUPPORTED,
+                  {"leftpad_k", "block_table"}, true, false);
+  expect_rejected([](Buffers& b) { pad = {0, 0}; b.p.leftpad_k = pad.data(); }, FA_ERROR_UNSUPPORTED, {"leftpad_k", "backward"},
+                  false, true);
+}
+
 TEST(InvalidArguments, WindowBelowMinusOne) {
   expect_rejected([](Buffers& b) { b.p.window_left = -2; }, FA_ERROR_INVALID_ARGUMENT, {"window_left"});
   expect_rejected([](Buffers& b) { b.p.window_right = -5; }, FA_ERROR_INVALID_ARGUMENT, {"window_right"});

@@ -127,6 +127,11 @@ typedef struct fa_params {
   int64_t block_table_batch_stride;
   int32_t page_block_size;
   int32_t num_pages;
+
+  /* Left-padded KV cache (forward only, not with varlen or block_table): sequence b's keys are rows
+   * [leftpad_k[b], seqused_k[b] (or seqlen_k)) of its cache, and causal / window masks align to their
+   * count. NULL: they start at row 0. Memory of the backend's device (on a GPU not checked: clamped). */
+  const int32_t* leftpad_k;
 } fa_params;
 
 /* Zeroes *p and sets the defaults (window -1/-1, dtype fp16, scale 0 = 1/sqrt(d)). */

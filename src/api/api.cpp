@@ -32,9 +32,10 @@ fa_impl resolve(const fa_params& p, fa_impl impl, bool backward) {
 }
 
 using IndexArray = std::pair<const char*, const int32_t*>;
-std::array<IndexArray, 4> index_arrays(const fa_params& p) {
+std::array<IndexArray, 5> index_arrays(const fa_params& p) {
   return {IndexArray{"cu_seqlens_q", p.cu_seqlens_q}, IndexArray{"cu_seqlens_k", p.cu_seqlens_k},
-          IndexArray{"seqused_k", p.seqused_k}, IndexArray{"block_table", p.block_table}};
+          IndexArray{"seqused_k", p.seqused_k}, IndexArray{"block_table", p.block_table},
+          IndexArray{"leftpad_k", p.leftpad_k}};
 }
 
 // A CPU implementation's index arrays are host memory: validate reads them (GPU memory would crash it).

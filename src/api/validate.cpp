@@ -147,6 +147,12 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
       return invalid("block_table_batch_stride (%lld) must be >= the pages seqlen_k %d spans (%lld of %d rows)",
                      (long long)p.block_table_batch_stride, p.seqlen_k, (long long)pages_per_seq, p.page_block_size);
   }
+  if (p.leftpad_k) {
+    if (varlen) return unsupported("leftpad_k with cu_seqlens: a left-padded KV cache needs the padded (batch, seqlen_k) layout");
+    if (paged) return unsupported("leftpad_k with block_table: a paged KV cache has no left padding (its table says where keys are)");
+    if (pass == Pass::Backward) return unsupported("leftpad_k: the backward pass does not take a KV cache");
+    if (!lim.paged_kv) return unsupported("leftpad_k (left-padded KV cache) is not supported by %s", fa_impl_name(impl));
+  }
   if (p.batch == 0) return {};
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t nbatch = varlen ? 1 : p.batch;
@@ -182,6 +188,14 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
     for (int32_t b = 0; b < p.batch; ++b)
       if (p.seqused_k[b] < 0 || p.seqused_k[b] > p.seqlen_k)
         return invalid("seqused_k[%d] = %d must lie in [0, seqlen_k = %d]", b, p.seqused_k[b], p.seqlen_k);
+  }
+  if (p.leftpad_k && lim.host_memory) {
+    for (int32_t b = 0; b < p.batch; ++b) {
+      const int32_t used = p.seqused_k ? p.seqused_k[b] : p.seqlen_k;
+      if (p.leftpad_k[b] < 0 || p.leftpad_k[b] > used)
+        return invalid("leftpad_k[%d] = %d must lie in [0, %s = %d]", b, p.leftpad_k[b], p.seqused_k ? "seqused_k[b]" : "seqlen_k",
+                       used);
+    }
   }
   if (paged && lim.host_memory) {
     // The entries of the used keys' pages; the rest may hold anything (e.g. -1).

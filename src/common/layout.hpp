@@ -46,6 +46,10 @@ inline Sequence sequence(const fa_params& p, int32_t b) {
   } else {
     s.seqlen_q = p.seqlen_q;
     s.seqlen_k = p.seqused_k ? p.seqused_k[b] : p.seqlen_k;  // a KV cache's used keys
+    if (p.leftpad_k) {  // a left-padded cache: the keys start at row leftpad_k[b]
+      s.k_start = p.leftpad_k[b];
+      s.seqlen_k -= p.leftpad_k[b];
+    }
   }
   return s;
 }

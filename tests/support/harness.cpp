@@ -41,6 +41,11 @@ std::string Case::name() const {
     s << "]";
   }
   if (page_block_size) s << " page" << page_block_size;
+  if (!leftpad_k.empty()) {
+    s << " leftpad[";
+    for (size_t i = 0; i < leftpad_k.size(); ++i) s << (i ? "," : "") << leftpad_k[i];
+    s << "]";
+  }
   if (causal) s << " causal";
   if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
   if (softcap > 0.f) s << " softcap" << softcap;
@@ -122,7 +127,7 @@ struct DeviceBuffer {
 
 std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
   fa_params p = pr.params();
-  DeviceBuffer q, k, v, o, dout, dq, dk, dv, lse, cu_q, cu_k, used_k, block_table, workspace;
+  DeviceBuffer q, k, v, o, dout, dq, dk, dv, lse, cu_q, cu_k, used_k, block_table, leftpad, workspace;
   std::string err;
   auto up = [&](DeviceBuffer& d, const void* host, size_t n) {
     if (err.empty()) err = d.upload(host, n);
@@ -140,6 +145,7 @@ std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
   up(cu_k, pr.cu_k.data(), pr.cu_k.size() * sizeof(int32_t));
   up(used_k, pr.used_k.data(), pr.used_k.size() * sizeof(int32_t));
   up(block_table, pr.block_table.data(), pr.block_table.size() * sizeof(int32_t));
+  up(leftpad, pr.leftpad_k.data(), pr.leftpad_k.size() * sizeof(int32_t));
   if (!err.empty()) return err;
   p.q = q.ptr;
   p.k = k.ptr;
@@ -156,6 +162,7 @@ std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
   }
   if (!pr.used_k.empty()) p.seqused_k = static_cast<const int32_t*>(used_k.ptr);
   if (!pr.block_table.empty()) p.block_table = static_cast<const int32_t*>(block_table.ptr);
+  if (!pr.leftpad_k.empty()) p.leftpad_k = static_cast<const int32_t*>(leftpad.ptr);
   size_t ws = 0;
   fa_status s = fa_workspace_size(&p, impl, backward ? 1 : 0, &ws);
   if (s != FA_OK) return "fa_workspace_size: " + status_text(s);
@@ -527,6 +534,31 @@ std::vector<Case> kv_cache_cases(fa_dtype dt) {
   c = make_case(dt, 2, 1, 2000, 16, 2, 64);
   c.seqused_k = {1999, 1000};
   c.num_splits = 4;
+  v.push_back(c);
+  return v;
+}
+
+std::vector<Case> leftpad_kv_cases(fa_dtype dt) {
+  std::vector<Case> v;
+  Case c = make_case(dt, 3, 1, 700, 4, 4, 64);  // decode; sequence 1 padded to its used end: no key
+  c.seqused_k = {700, 40, 333};
+  c.leftpad_k = {5, 40, 300};
+  v.push_back(c);
+  c = make_case(dt, 3, 5, 300, 8, 2, 128);  // GQA causal chunk: the mask aligns to the keys after the padding
+  c.seqused_k = {30, 300, 129};
+  c.leftpad_k = {27, 1, 64};
+  c.causal = true;
+  v.push_back(c);
+  c.causal = false, c.window_left = 40, c.window_right = 0;
+  v.push_back(c);
+  c = make_case(dt, 2, 1, 2000, 16, 2, 64);  // split across CTAs
+  c.seqused_k = {1999, 1000};
+  c.leftpad_k = {999, 17};
+  c.num_splits = 4;
+  v.push_back(c);
+  c = make_case(dt, 2, 3, 400, 2, 2, 80);  // no used lengths: the keys run to seqlen_k; strided layout
+  c.leftpad_k = {123, 0};
+  c.bhsd = true, c.row_padding = 8;
   v.push_back(c);
   return v;
 }

@@ -36,6 +36,7 @@ struct Case {  // one problem
   std::vector<int> seqlens_q, seqlens_k;  // non-empty: varlen (packed) with these lengths (may contain 0)
   std::vector<int> seqused_k;             // non-empty: a KV cache's used keys per sequence (the rest are NaN)
   int page_block_size = 0;                // > 0: k and v as a paged KV cache of pages of this many rows
+  std::vector<int> leftpad_k;             // non-empty: a left-padded cache, keys from these rows (those before NaN)
   bool bhsd = false;                      // memory laid out (batch, heads, seqlen, head_dim)
   int row_padding = 0;                    // extra elements after each head vector and each row
   bool deterministic = false;
@@ -76,6 +77,9 @@ std::vector<Case> standard_forward_cases(fa_dtype dtype, int max_head_dim);
 // KV-cache forwards (fa_params::seqused_k): used lengths of all, none and some keys of a padded cache,
 // causal (rows above the shortest cache's diagonal fully masked), windowed, GQA, split across CTAs.
 std::vector<Case> kv_cache_cases(fa_dtype dtype);
+// Left-padded KV caches (fa_params::leftpad_k): decode, GQA causal chunks, windowed, split, with and
+// without used lengths, a sequence padded to its end (no key).
+std::vector<Case> leftpad_kv_cases(fa_dtype dtype);
 // Paged KV-cache forwards (fa_params::block_table) with each of these page sizes: pages shuffled in
 // a pool with spare NaN pages, table entries past the used keys -1; decode, GQA, causal, windowed,
 // split, a strided (bhsd, padded) pool, sequences of 0 used keys and of lengths off the page size.

@@ -89,6 +89,10 @@ SeqRange Problem::seq(int b) const {
     s.bq = s.bk = b;
     s.seqlen_q = c.seqlen_q;
     s.seqlen_k = used_k.empty() ? c.seqlen_k : used_k[size_t(b)];
+    if (!leftpad_k.empty()) {  // the keys start past the padding
+      s.k_start = leftpad_k[size_t(b)];
+      s.seqlen_k -= leftpad_k[size_t(b)];
+    }
   }
   return s;
 }
@@ -131,6 +135,7 @@ fa_params Problem::params() {
     p.total_k = rows_k;
   }
   p.seqused_k = used_k.empty() ? nullptr : used_k.data();
+  p.leftpad_k = leftpad_k.empty() ? nullptr : leftpad_k.data();
   if (!block_table.empty()) {
     p.block_table = block_table.data();
     p.block_table_batch_stride = table_stride;
@@ -255,6 +260,21 @@ Problem make_problem(const Case& c, uint64_t seed) {
     pr.k.set(pr.kf);
     pr.v.set(pr.vf);
   }
+  if (!c.leftpad_k.empty()) {
+    // A left-padded cache: the rows before a sequence's first key hold NaN too.
+    if (pr.varlen || c.leftpad_k.size() != size_t(c.batch))
+      throw std::invalid_argument("Case: leftpad_k needs a padded batch and one start per sequence");
+    pr.leftpad_k.assign(c.leftpad_k.begin(), c.leftpad_k.end());
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t b = 0; b < pr.nb; ++b)
+      for (int64_t j = 0; j < pr.leftpad_k[size_t(b)]; ++j)
+        for (int64_t e = 0; e < int64_t(hk) * d; ++e) {
+          const size_t i = size_t((b * pr.rows_k + j) * hk * d + e);
+          pr.kf[i] = pr.vf[i] = nan;
+        }
+    pr.k.set(pr.kf);
+    pr.v.set(pr.vf);
+  }
   if (c.page_block_size > 0) page_kv(pr, rng);
   return pr;
 }
@@ -292,8 +312,24 @@ struct Fp32Copy {
     pr.dk = make(pr.rows_k, hk);
     pr.dv = make(pr.rows_k, hk);
     pr.q.set(src.qf);
-    pr.k.set(src.kf);
-    pr.v.set(src.vf);
+    if (src.leftpad_k.empty()) {
+      pr.k.set(src.kf);
+      pr.v.set(src.vf);
+    } else {
+      // A left-padded cache as the reference sees it: each sequence's keys moved to row 0 (the rest NaN),
+      // its used length less the padding, and no leftpad_k.
+      const int64_t row = int64_t(hk) * d;
+      std::vector<float> kf(src.kf.size(), std::numeric_limits<float>::quiet_NaN()), vf(kf);
+      if (pr.used_k.empty()) pr.used_k.assign(size_t(pr.nb), int32_t(pr.rows_k));
+      for (int64_t b = 0; b < pr.nb; ++b) {
+        const int64_t pad = src.leftpad_k[size_t(b)], base = b * pr.rows_k * row;
+        std::copy(src.kf.begin() + base + pad * row, src.kf.begin() + base + pr.rows_k * row, kf.begin() + base);
+        std::copy(src.vf.begin() + base + pad * row, src.vf.begin() + base + pr.rows_k * row, vf.begin() + base);
+        pr.used_k[size_t(b)] -= int32_t(pad);
+      }
+      pr.k.set(kf);
+      pr.v.set(vf);
+    }
     pr.dout.set(src.dof);
     pr.lse.assign(src.lse.size(), std::numeric_limits<float>::quiet_NaN());
   }

@@ -59,6 +59,7 @@ struct Problem {
   std::vector<int32_t> block_table;  // (nb, table_stride)
   int64_t table_stride = 0;
   int num_pages = 0;
+  std::vector<int32_t> leftpad_k;  // fa_params::leftpad_k (empty: none)
   float scale = 0.f;  // the effective softmax scale
   HostTensor q, k, v, o, dout, dq, dk, dv;
   std::vector<float> lse;  // (nb, heads, rows_q)

@@ -110,9 +110,6 @@ def _batch_idx_table(q, k_cache, cache_batch_idx):
     """cache_batch_idx (batch,) as a page table of one page a sequence: the cache's batch axis the pages."""
     if cache_batch_idx.dim() != 1 or cache_batch_idx.shape[0] != q.shape[0]:
         raise ValueError(f"flashattn: cache_batch_idx must be (batch = {q.shape[0]},) (got {tuple(cache_batch_idx.shape)})")
-    if q.is_cuda and k_cache.shape[1] % 128 != 0:
-        raise NotImplementedError(f"flashattn: cache_batch_idx on CUDA needs the cache's seqlen a multiple of 128 (got "
-                                  f"{k_cache.shape[1]}): it runs as a paged cache of one page a sequence")
     if not cache_batch_idx.is_cuda and ((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0])).any():
         raise ValueError(f"flashattn: cache_batch_idx entries must lie in [0, {k_cache.shape[0]}) (the cache's batch)")
     return cache_batch_idx.to(device=q.device, dtype=torch.int32).view(-1, 1)
@@ -126,21 +123,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     k_cache / v_cache (batch, seqlen_cache, nheads_k, headdim), or with block_table (a paged cache)
     (num_blocks, page_block_size, nheads_k, headdim) and block_table int32 (batch, max_num_blocks_per_seq):
     row j of sequence b is row j % page_block_size of block block_table[b, j // page_block_size], and
-    seqlen_cache = max_num_blocks_per_seq * page_block_size (the CUDA kernel needs page_block_size a
-    multiple of 128). cache_seqlens (int, or int32 (batch,)): the cache rows in use per sequence (None:
+    seqlen_cache = max_num_blocks_per_seq * page_block_size (any page_block_size). cache_seqlens (int, or int32 (batch,)): the cache rows in use per sequence (None:
     all). k / v (batch, seqlen_new, nheads_k, headdim), when given, are written into the caches in place
     at rows cache_seqlens .. + seqlen_new (which must fit, in allocated blocks when paged) and attended to
     as well. Causal and window masks align to the end of the used rows. cache_batch_idx (int32 (batch,),
-    not with block_table): sequence b's cache is k_cache[cache_batch_idx[b]] (on CUDA seqlen_cache must be
-    a multiple of 128: it runs as a paged cache of one page a sequence). rotary_cos / rotary_sin
+    not with block_table): sequence b's cache is k_cache[cache_batch_idx[b]] (run as a paged cache of one
+    page a sequence). rotary_cos / rotary_sin
     (seqlen_ro, rotary_dim / 2), with k and v: the new k, and q, are rotated (RoPE, in fp32) at their
     positions cache_seqlens[b] + i before the write; q at cache_seqlens[b] alone unless causal or
     windowed; rotary_interleaved pairs dims (0, 1), (2, 3).. else (i, i + rotary_dim / 2) (GPT-NeoX).
-    Returns out like q; with return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). Not
-    implemented (NotImplementedError): cache_leftpad, alibi_slopes."""
+    cache_leftpad (int32 (batch,), not with block_table): sequence b's keys start at cache row
+    cache_leftpad[b] (the rows before are never read; masks align to the keys from there; cache_seqlens
+    stays the end row, where new k, v go, and the rotary positions are cache rows). Returns out like q; with
+    return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). Not implemented
+    (NotImplementedError): alibi_slopes."""
     _unsupported(0.0, alibi_slopes)
     if cache_leftpad is not None:
-        raise NotImplementedError("flashattn: cache_leftpad is not supported by flash_attn_with_kvcache")
+        cache_leftpad = cache_leftpad.to(device=q.device, dtype=torch.int32)
     if (k is None) != (v is None):
         raise ValueError("flashattn: pass both k and v (the new keys and values), or neither")
     if (rotary_cos is None) != (rotary_sin is None):
@@ -190,8 +189,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         used = used + k.shape[1]
     left, right = _window(window_size)
     softcap = float(softcap) if softcap > 0 else 0.0
-    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, used, block_table, float(softmax_scale), bool(causal), left, right,
-                               softcap, int(num_splits))
+    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, used, block_table, cache_leftpad, float(softmax_scale), bool(causal),
+                               left, right, softcap, int(num_splits))
     return (out, lse) if return_softmax_lse else out
 
 

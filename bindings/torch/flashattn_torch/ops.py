@@ -234,27 +234,36 @@ def _check_block_table(q, block_table):
         raise ValueError(f"flashattn: block_table is on {block_table.device} but q is on {q.device}")
 
 
+def _per_sequence(name, q, x):
+    """x, an int32 (batch,) tensor on q's device, contiguous."""
+    if x.dtype != torch.int32 or x.shape != (q.shape[0],) or x.device != q.device:
+        raise ValueError(f"flashattn: {name} must be an int32 tensor (batch,) on {q.device} "
+                         f"(got {x.dtype}, shape {tuple(x.shape)}, {x.device})")
+    return x.contiguous()
+
+
 def kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_used: Optional[Tensor],
-        block_table: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int, window_right: int,
-        softcap: float, num_splits: int) -> Tuple[Tensor, Tensor]:
-    """(out, lse) over a KV cache (forward only): sequence b attends to keys [0, cache_used[b]) of its
-    k_cache / v_cache rows (fa_params.seqused_k; None: all of them), masks aligned to that length.
-    With block_table the caches are pools of pages (num_pages, page_block_size, heads_kv, head_dim) and key j
-    of sequence b is row j % page_block_size of page block_table[b, j // page_block_size]."""
+        block_table: Optional[Tensor], cache_leftpad: Optional[Tensor], softmax_scale: float, causal: bool,
+        window_left: int, window_right: int, softcap: float, num_splits: int) -> Tuple[Tensor, Tensor]:
+    """(out, lse) over a KV cache (forward only): sequence b attends to keys [cache_leftpad[b], cache_used[b])
+    of its k_cache / v_cache rows (fa_params.leftpad_k, None: 0; fa_params.seqused_k, None: all rows), masks
+    aligned to their count. With block_table the caches are pools of pages (num_pages, page_block_size,
+    heads_kv, head_dim) and key j of sequence b is row j % page_block_size of page block_table[b, j // page_block_size]."""
     paged = block_table is not None
     _check(q, k_cache, v_cache, None, None, paged)
     if paged:
         _check_block_table(q, block_table)
     q, k_cache, v_cache = _usable(q), _usable(k_cache), _usable(v_cache)
     if cache_used is not None:
-        if cache_used.dtype != torch.int32 or cache_used.shape != (q.shape[0],) or cache_used.device != q.device:
-            raise ValueError(f"flashattn: the cache lengths must be an int32 tensor (batch,) on {q.device} "
-                             f"(got {cache_used.dtype}, shape {tuple(cache_used.shape)}, {cache_used.device})")
-        cache_used = cache_used.contiguous()
+        cache_used = _per_sequence("the cache lengths", q, cache_used)
+    if cache_leftpad is not None:
+        cache_leftpad = _per_sequence("cache_leftpad", q, cache_leftpad)
     p = _params(q, k_cache, None, None, 0, 0, softmax_scale, causal, window_left, window_right, softcap, False)
     p.num_splits = num_splits
     if cache_used is not None:
         p.seqused_k = cache_used.data_ptr()
+    if cache_leftpad is not None:
+        p.leftpad_k = cache_leftpad.data_ptr()
     if paged:
         # k_cache / v_cache's batch strides (set by _forward) step from page to page; seqlen_k is the
         # keys a table row can address.
@@ -269,8 +278,8 @@ fwd_kvcache = torch.library.custom_op("flashattn::fwd_kvcache", kvcache_forward_
 
 
 @fwd_kvcache.register_fake
-def _fwd_kvcache_fake(q, k_cache, v_cache, cache_used, block_table, softmax_scale, causal, window_left, window_right,
-                      softcap, num_splits):
+def _fwd_kvcache_fake(q, k_cache, v_cache, cache_used, block_table, cache_leftpad, softmax_scale, causal, window_left,
+                      window_right, softcap, num_splits):
     _check(q, k_cache, v_cache, None, None, block_table is not None)
     if block_table is not None:
         _check_block_table(q, block_table)

@@ -104,7 +104,7 @@ def test_an_int_cache_length_and_no_length():
     assert (part.double() - ref).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("arg", ["cache_leftpad", "alibi_slopes"])
+@pytest.mark.parametrize("arg", ["alibi_slopes"])
 def test_unsupported_arguments_raise_naming_them(arg):
     q, k_cache = torch.randn(1, 1, 2, 16), torch.randn(1, 8, 2, 16)
     with pytest.raises(NotImplementedError, match=arg):
@@ -125,8 +125,9 @@ def test_a_cache_length_past_the_cache_is_an_error_naming_it():
         flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_seqlens=torch.tensor([3, 9], dtype=torch.int32))
 
 
-# Paged KV cache (block_table). The CPU backends take any page size, the CUDA sm80 kernel multiples of 128.
-PAGE_SIZES = [("cpu", 16), ("cpu", 5), ("cpu", 256)] + ([("cuda", 128), ("cuda", 256)] if CUDA else [])
+# Paged KV cache (block_table), any page size: the CUDA sm80 kernel looks up a page a key block where
+# pages hold whole blocks (64 or 128 rows), else one a row.
+PAGE_SIZES = [("cpu", 16), ("cpu", 5), ("cpu", 256)] + ([("cuda", 256), ("cuda", 16), ("cuda", 7)] if CUDA else [])
 
 
 def page_table(pages_used, max_blocks, spare, device):
@@ -182,7 +183,7 @@ def test_paged_matches_the_padded_cache(name, dtype, device, page):
         assert torch.equal(out, padded) and torch.equal(lse, padded_lse)
 
 
-@pytest.mark.parametrize("device,page", [("cpu", 5), ("cpu", 16)] + ([("cuda", 128)] if CUDA else []))
+@pytest.mark.parametrize("device,page", [("cpu", 5), ("cpu", 16)] + ([("cuda", 128), ("cuda", 16)] if CUDA else []))
 def test_new_keys_are_written_into_the_pages_and_attended(device, page):
     """k, v appended through the table land at row (n + i) % page of page table[b, (n + i) // page], one
     of the writes across a page boundary; no other pool element changes."""
@@ -248,17 +249,7 @@ def test_opcheck_fwd_kvcache(device, paged):
         k_cache, v_cache = (torch.randn(2, 2 * page, 2, 64, dtype=torch.bfloat16, device=device) for _ in range(2))
         table = None
     torch.library.opcheck(torch.ops.flashattn.fwd_kvcache.default,
-                          (q, k_cache, v_cache, used, table, 0.125, True, -1, -1, 0.0, 0))
-
-
-@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
-def test_cuda_page_size_not_a_multiple_of_128_is_an_error_naming_it():
-    q = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16, device="cuda")
-    pool = torch.randn(6, 16, 4, 64, dtype=torch.bfloat16, device="cuda")
-    table = torch.tensor([[0, 1, 2], [3, 4, -1]], dtype=torch.int32, device="cuda")
-    with pytest.raises(FlashAttnError, match="page_block_size"):
-        flash_attn_with_kvcache(q, pool, pool.clone(), cache_seqlens=torch.tensor([40, 20], dtype=torch.int32,
-                                device="cuda"), block_table=table)
+                          (q, k_cache, v_cache, used, table, None, 0.125, True, -1, -1, 0.0, 0))
 
 
 # Rotary embeddings (rotary_cos / rotary_sin): the new k and q rotated at their positions before the write.
@@ -329,9 +320,9 @@ def test_rotary_argument_errors():
 @pytest.mark.parametrize("device", DEVICES)
 def test_cache_batch_idx_selects_each_sequences_cache_row(device):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    cache_batch, rows, h, hk, d, new = 5, 256, 4, 2, 64, 2
+    cache_batch, rows, h, hk, d, new = 5, 200, 4, 2, 64, 2  # 200 rows: on CUDA a page lookup a row
     index = [4, 0, 2]
-    used = [100, 0, 254]  # cache_seqlens of the 3 sequences (their rows' used lengths)
+    used = [100, 0, 198]  # cache_seqlens of the 3 sequences (their rows' used lengths)
     k_cache, v_cache = (torch.randn(cache_batch, rows, hk, d, dtype=dtype, device=device) for _ in range(2))
     for i, n in zip(index, used):
         k_cache[i, n:] = v_cache[i, n:] = float("nan")
@@ -362,10 +353,36 @@ def test_cache_batch_idx_errors():
                                 block_table=torch.zeros(2, 1, dtype=torch.int32))
 
 
-@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
-def test_cuda_cache_batch_idx_needs_a_cache_length_multiple_of_128():
-    q, k_cache = torch.randn(2, 1, 2, 64, device="cuda", dtype=torch.bfloat16), torch.randn(3, 200, 2, 64, device="cuda",
-                                                                                            dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="multiple of 128"):
-        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32,
-                                                                                           device="cuda"))
+# cache_leftpad: sequence b's keys are cache rows [cache_leftpad[b], cache_seqlens[b]).
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_cache_leftpad_attends_to_the_rows_after_the_padding(device, causal):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    batch, rows, h, hk, d, new = 3, 300, 4, 2, 64, 2
+    pad, used = [5, 40, 0], [200, 40, 298]  # sequence 1 has no cached key: only the new ones
+    k_cache, v_cache = (nan_cache(batch, rows, hk, d, used, dtype, device) for _ in range(2))
+    for b, n in enumerate(pad):
+        k_cache[b, :n] = v_cache[b, :n] = float("nan")
+    q = torch.randn(batch, new, h, d, dtype=dtype, device=device)
+    k, v = (torch.randn(batch, new, hk, d, dtype=dtype, device=device) for _ in range(2))
+    seqlens, leftpad = (torch.tensor(x, dtype=torch.int32, device=device) for x in (used, pad))
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_leftpad=leftpad, causal=causal)
+    for b, n in enumerate(used):
+        assert torch.equal(k_cache[b, n:n + new], k[b]) and torch.equal(v_cache[b, n:n + new], v[b])
+    # The reference: each sequence's keys moved to row 0, its length less the padding.
+    shifted_k, shifted_v = (torch.full_like(x, float("nan")) for x in (k_cache, v_cache))
+    for b, n in enumerate(pad):
+        shifted_k[b, :rows - n], shifted_v[b, :rows - n] = k_cache[b, n:], v_cache[b, n:]
+    total = seqlens + new - leftpad
+    ref, _ = per_sequence(q, shifted_k, shifted_v, total, torch.float64, causal=causal)
+    plain, _ = per_sequence(q, shifted_k, shifted_v, total, dtype, causal=causal)
+    check_rule("out", out, ref, plain, 2, dtype, out_floor(q, shifted_k, shifted_v, total, causal=causal))
+
+
+def test_cache_leftpad_errors():
+    q, k_cache = torch.randn(2, 1, 2, 16), torch.randn(2, 8, 2, 16)
+    with pytest.raises(FlashAttnError, match="leftpad_k"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_seqlens=torch.tensor([3, 5], dtype=torch.int32),
+                                cache_leftpad=torch.tensor([4, 0], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_leftpad"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_leftpad=torch.tensor([0], dtype=torch.int32))

@@ -88,6 +88,7 @@ FwdParams make_params(const fa_params& p, int splits) {
   f.block_table_batch_stride = p.block_table_batch_stride;
   f.page_rows = FastDivmod(p.page_block_size);
   f.num_pages = p.num_pages;
+  f.leftpad_k = p.leftpad_k;
   f.batch = p.batch, f.seqlen_q = p.seqlen_q, f.seqlen_k = p.seqlen_k;
   f.num_heads = p.num_heads, f.num_heads_kv = p.num_heads_kv, f.head_dim = p.head_dim;
   f.group = p.num_heads / p.num_heads_kv;
@@ -126,9 +127,9 @@ fa_params gqa_decode_view(const fa_params& p) {
 }
 
 // The config whose q-blocks the split count is chosen for: the table's (the decode and few-rows
-// tiles hold one q-block as it does), or a paged cache's decode tiles at any number of rows.
+// tiles hold one q-block as it does), or a paged or left-padded cache's decode tiles at any number of rows.
 FwdConfig split_config(const fa_params& p, int kernel_head_dim) {
-  return p.block_table ? sm80::fwd_decode_config(kernel_head_dim) : sm80::fwd_config(kernel_head_dim);
+  return p.block_table || p.leftpad_k ? sm80::fwd_decode_config(kernel_head_dim) : sm80::fwd_config(kernel_head_dim);
 }
 
 // The kernel head dim of p (after gqa_decode_view) when its sm80 forward kernel was built, else 0.
@@ -179,9 +180,6 @@ Status sm80_forward(const fa_params& params) {
     return unsupported("softmax_scale %g: flashattn-sm80 needs a scale >= 0 (its running max assumes it)", double(p.softmax_scale));
   if (p.num_heads > 65535) return unsupported("num_heads %d: flashattn-sm80 launches at most 65535", p.num_heads);
   if (p.batch > 65535) return unsupported("batch %d: flashattn-sm80 launches at most 65535", p.batch);
-  if (p.block_table && p.page_block_size % sm80::kPageMultiple != 0)
-    return unsupported("page_block_size %d: flashattn-sm80 needs a multiple of %d (a key block in one page)", p.page_block_size,
-                       sm80::kPageMultiple);
   if (p.batch == 0 || p.seqlen_q == 0 || num_rows(p) == 0) return {};
 
   const int splits = num_splits(p, split_config(p, kernel_head_dim));

@@ -17,10 +17,6 @@ struct FwdConfig {
   int stages;    // 2: K and V of block j+1 load during block j; 1: V_j loads during S_j, K_{j+1} during P_j V_j
 };
 
-// A paged KV cache's pages hold a multiple of this many rows: of every block_n, so that a key block
-// is a run of rows of one page (one table lookup a block, and the loads of an unpaged block).
-constexpr int kPageMultiple = 128;
-
 // Split-KV: at most this many splits of a row's keys (the combine's lanes hold 4 splits' weights each).
 constexpr int kMaxSplits = 128;
 
@@ -132,7 +128,6 @@ struct FwdTraits {
   static_assert(!kWarpsSplitKeys || (kWarps - 1) * 32 * kMergeFloats * 4 <= 2 * kStages * kBlockN * kHeadDim * 2,
                 "the merge fits the k/v stages");
   static_assert(kStages == 1 || kStages == 2, "the main loop knows one or two k/v stages");
-  static_assert(kPageMultiple % kBlockN == 0, "a key block lies in one page of a paged KV cache");
 };
 
 // What a forward kernel reads: the params struct resolved (scale, mask band, kv-head ratio) and,
@@ -151,7 +146,8 @@ struct FwdParams {
   const int32_t* cu_seqlens_k;
   const int32_t* seqused_k;  // a KV cache's used keys per sequence (nullptr: seqlen_k)
   // A paged KV cache (nullptr: none): k and v are (num_pages, page_block_size, heads_kv, head_dim)
-  // pools, the batch strides the page strides; a key block lies in one page (kPageMultiple).
+  // pools, the batch strides the page strides. Pages of a multiple of block_n rows: a table lookup a
+  // key block; other sizes: one a row.
   const int32_t* block_table;  // (batch, block_table_batch_stride) page indices
   int64_t block_table_batch_stride;
   FastDivmod page_rows;  // by page_block_size
@@ -171,6 +167,7 @@ struct FwdParams {
   int64_t num_rows;
   float* o_partial;    // (num_splits, num_rows, num_heads, head_dim)
   float* lse_partial;  // (num_splits, num_heads, num_rows)
+  const int32_t* leftpad_k;  // a left-padded KV cache: sequence b's keys start at row leftpad_k[b]
 };
 
 }  // namespace flashattn::sm80

@@ -31,9 +31,24 @@ namespace flashattn::sm80 {
 
 constexpr float kNegInf = -__builtin_huge_valf();
 
+// One 16-byte unit (8 elements from column col) of a tile row from src to dst, zero past the row's
+// end or head_dim. kAligned: 16-byte cp.async (asynchronous, completes at cp_async_wait; an invalid
+// unit reads nothing, its address `fallback`); otherwise element loads and a 16-byte store.
+template <bool kAligned, class T>
+__device__ __forceinline__ void load_unit(T* dst, const T* src, const T* fallback, bool valid_row, int col, int head_dim) {
+  if constexpr (kAligned) {
+    const bool valid = valid_row && head_dim > col;
+    cp_async_16(dst, valid ? src : fallback, valid);
+  } else {
+    alignas(16) T vals[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) vals[e] = (valid_row && col + e < head_dim) ? src[e] : T(0.f);
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
+  }
+}
+
 // Loads rows [row0, row0 + kRows) of one head of a (rows, head_dim) view into a swizzled tile;
-// rows >= num_valid_rows and columns >= head_dim are zero-filled. kAligned: 16-byte cp.async
-// (asynchronous, completes at cp_async_wait); otherwise plain element loads and 16-byte stores.
+// rows >= num_valid_rows and columns >= head_dim are zero-filled (load_unit).
 template <int kRows, int kCols, int kThreads, bool kAligned, class T>
 __device__ __forceinline__ void load_tile_units(T* tile, const T* head_base, int64_t row_stride, int row0,
                                                 int num_valid_rows, int head_dim) {
@@ -42,15 +57,7 @@ __device__ __forceinline__ void load_tile_units(T* tile, const T* head_base, int
   constexpr int kRowsPerPass = kThreads / kUnitsPerRow;  // rows one pass of the CTA covers
   constexpr int kTileUnits = kRows * kUnitsPerRow;
   auto load_unit = [&](const T* src, bool valid_row, int col, T* dst) {
-    if constexpr (kAligned) {
-      const bool valid = valid_row && col < head_dim;
-      cp_async_16(dst, valid ? src : head_base, valid);
-    } else {
-      alignas(16) T vals[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) vals[e] = (valid_row && col + e < head_dim) ? src[e] : T(0.f);
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
-    }
+    sm80::load_unit<kAligned>(dst, src, head_base, valid_row, col, head_dim);
   };
   if constexpr (kThreads % kUnitsPerRow == 0 && kRowsPerPass % 8 == 0 && kTileUnits % kThreads == 0) {
     // This thread's units share one column and rows kRowsPerPass apart (a multiple of 8), so one
@@ -84,6 +91,48 @@ __device__ __forceinline__ void load_tile(T* tile, const T* head_base, int64_t r
     load_tile_units<kRows, kCols, kThreads, false>(tile, head_base, row_stride, row0, num_valid_rows, head_dim);
 }
 
+// Rows [row0, row0 + kRows) of one kv head of a paged KV cache whose pages do not hold whole tiles:
+// each row's page looked up in the sequence's table row (clamped into the pools: a device table is
+// not validated); rows >= num_valid_rows and columns >= head_dim zero-filled (load_unit).
+template <int kRows, int kCols, int kThreads, bool kAligned, class T>
+__device__ __forceinline__ void load_paged_rows(T* tile, const T* pool_head, const int32_t* table, const FastDivmod& page_rows,
+                                                int num_pages, int64_t page_stride, int64_t row_stride, int row0,
+                                                int num_valid_rows, int head_dim) {
+  using Tile = SmemTile<kRows, kCols>;
+  constexpr int kUnitsPerRow = kCols / 8;
+  constexpr int kTileUnits = kRows * kUnitsPerRow;
+#pragma unroll 1
+  for (int i = 0; i < (kTileUnits + kThreads - 1) / kThreads; ++i) {
+    const int unit = i * kThreads + threadIdx.x;
+    if (kTileUnits % kThreads != 0 && unit >= kTileUnits) break;
+    const int row = unit / kUnitsPerRow, col = (unit % kUnitsPerRow) * 8;
+    const bool valid_row = row0 + row < num_valid_rows;
+    const T* src = pool_head;
+    if (valid_row) {
+      int page_index;
+      const int page_row = page_rows.divmod(row0 + row, page_index);
+      const int page = min(max(table[page_index], 0), num_pages - 1);
+      src += page * page_stride + int64_t(page_row) * row_stride + col;
+    }
+    load_unit<kAligned>(tile + Tile::offset(row, col), src, pool_head, valid_row, col, head_dim);
+  }
+}
+
+// Programmatic dependent launch (sm_90; nothing before): the split-KV combine is launched to start
+// while the split grid runs (run_fwd_combine), so its launch is not another gap after it. Each split
+// CTA lets it be scheduled at once (its CTAs need no shared memory and wait); the combine waits until
+// the whole split grid has finished and its partials are visible.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Pairwise (tree) reductions of n values: short dependency chains.
 template <int n>
 __device__ __forceinline__ float tree_max(float (&x)[n]) {
@@ -103,9 +152,10 @@ __device__ __forceinline__ float tree_sum(float (&x)[n]) {
 }
 
 // The config arrives as its fields: nvcc's host stubs cannot take a class-type template argument.
-// kPaged: k and v are a paged KV cache's pools (p.block_table); a separate instance, since the page
-// lookup in the shared code cost the unpaged kernels 2-8% (spills; H200, session 62).
-template <int kHeadDim, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, class T, bool kPaged>
+// kKvCache: the instance for a paged KV cache (p.block_table: k and v are pools of pages) or a
+// left-padded one (p.leftpad_k); separate, since the page lookup in the shared code cost the other
+// kernels 2-8% (spills; H200, session 62).
+template <int kHeadDim, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, class T, bool kKvCache>
 __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   using Traits = FwdTraits<FwdConfig{kHeadDim, kBlockM_, kBlockN_, kWarps_, kStages_}>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kThreads = Traits::kThreads, kWarps = Traits::kWarps;
@@ -114,6 +164,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   constexpr bool kWarpsSplitKeys = Traits::kWarpsSplitKeys;
   using QTile = SmemTile<kBlockM, kHeadDim>;
   using KVTile = SmemTile<kBlockN, kHeadDim>;
+  allow_dependent_launch();  // the combine, when split (a grid launched as a dependent still waits for this one)
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* sq = reinterpret_cast<T*>(smem);
@@ -137,13 +188,20 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     // The keys past it are a KV cache's unused rows. Clamped: the device array is not validated.
     seqlen_k = min(max(p.seqused_k[batch], 0), seqlen_k);
   }
+  if constexpr (kKvCache) {
+    if (p.leftpad_k) {  // a left-padded cache: the keys start at row leftpad_k[b] (clamped likewise)
+      k_start = min(max(p.leftpad_k[batch], 0), seqlen_k);
+      seqlen_k -= int(k_start);
+    }
+  }
   const int m0 = m_block * kBlockM;
   if (m0 >= seqlen_q) return;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const T* q_head = static_cast<const T*>(p.q) + (varlen ? 0 : batch * p.q_batch_stride) + (q_start + m0) * p.q_row_stride +
                     head * p.q_head_stride;
   // k and v of this kv head: the sequence's rows, or (paged) the pools, whose pages load_kv finds.
-  const bool own_rows = !varlen && !kPaged;
+  const bool paged = kKvCache && p.block_table != nullptr;
+  const bool own_rows = !varlen && !paged;
   const T* k_head = static_cast<const T*>(p.k) + (own_rows ? batch * p.k_batch_stride : 0) + k_start * p.k_row_stride +
                     head_kv * p.k_head_stride;
   const T* v_head = static_cast<const T*>(p.v) + (own_rows ? batch * p.v_batch_stride : 0) + k_start * p.v_row_stride +
@@ -198,13 +256,23 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   constexpr bool kWholeQ = whole_tile_split<kBlockM, kHeadDim, kThreads>();
   const int rows_q = seqlen_q - m0;
   auto load_kv = [&](T* tile, const T* head, int64_t page_stride, int64_t row_stride, int n_block) {
-    if constexpr (kPaged) {
+    if (paged) {
+      const int32_t* table = p.block_table + batch * p.block_table_batch_stride;
+      if (p.page_rows.divisor % kBlockN != 0) {  // pages of fewer rows than a block, or straddling blocks
+        if (p.aligned)
+          load_paged_rows<kBlockN, kHeadDim, kThreads, true>(tile, head, table, p.page_rows, p.num_pages, page_stride,
+                                                             row_stride, n_block * kBlockN, seqlen_k, p.head_dim);
+        else
+          load_paged_rows<kBlockN, kHeadDim, kThreads, false>(tile, head, table, p.page_rows, p.num_pages, page_stride,
+                                                              row_stride, n_block * kBlockN, seqlen_k, p.head_dim);
+        return;
+      }
       // Key block j: rows [j * block_n, ..) of the sequence, all in one page. The head's base moves
       // there, less the rows before the block, so the loads' row offsets stay the sequence's (the
       // table's entry clamped into the pools: a device table is not validated).
       int page_index;
       const int page_row0 = p.page_rows.divmod(n_block * kBlockN, page_index);
-      const int page = min(max(p.block_table[batch * p.block_table_batch_stride + page_index], 0), p.num_pages - 1);
+      const int page = min(max(table[page_index], 0), p.num_pages - 1);
       head += page * page_stride + int64_t(page_row0 - n_block * kBlockN) * row_stride;
     }
     if constexpr (kWholeKV) {
@@ -560,6 +628,7 @@ template <class T>
 __global__ void __launch_bounds__(128) fwd_combine_kernel(const FwdParams p) {
   const int64_t item = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (global_row, head)
   if (item >= p.num_rows * p.num_heads) return;
+  wait_for_prior_grid();
   const int lane = threadIdx.x % 32;
   const int64_t global_row = item / p.num_heads;
   const int head = int(item % p.num_heads);
