@@ -117,7 +117,7 @@ __device__ __forceinline__ void load_paged_rows(T* tile, const T* pool_head, con
     const int j = lane + 32 * s;
     entry[s] = j < num_tile_pages ? min(max(__ldg(table + first_page + j), 0), num_pages - 1) : 0;
   }
-#pragma unroll 1  // unrolled, ptxas took 254 registers (145 so) at head_dim 128
+#pragma unroll 4  // unrolled, ptxas took 254 registers (145 so) at head_dim 128
   for (int i = 0; i < kTileUnits / kThreads; ++i) {
     const int unit = i * kThreads + threadIdx.x;
     const int row = unit / kUnitsPerRow, col = (unit % kUnitsPerRow) * 8;
