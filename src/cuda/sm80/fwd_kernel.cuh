@@ -95,9 +95,11 @@ __device__ __forceinline__ void load_tile(T* tile, const T* head_base, int64_t r
 // each row's page looked up in the sequence's table row (clamped into the pools: a device table is
 // not validated); rows >= num_valid_rows and columns >= head_dim zero-filled (load_unit).
 // The tile's table entries (at most kRows: pages of one row) are read once, kRows / 32 a lane, all in
-// flight together, and each unit takes its page from the lane holding it (shfl). A table read before
-// each unit's copy waited a global load's latency per unit: pages of 16 rows read 0.53-0.87 of the
-// unpaged decode (H200, session 63).
+// flight together, and each unit takes its page from the lane holding it (shfl). Where a thread's
+// units share a column and lie kRowsPerPass rows apart, its (page, row in page) steps by a constant
+// instead of a division per unit. The row lookup per unit made the paged kernel issue-bound: pages
+// of 16 rows read 0.53-0.57 of the unpaged decode at batch 4-16, 16k keys (ncu: twice the instructions
+// of whole-page tiles; H200, session 63).
 template <int kRows, int kCols, int kThreads, bool kAligned, class T>
 __device__ __forceinline__ void load_paged_rows(T* tile, const T* pool_head, const int32_t* table, const FastDivmod& page_rows,
                                                 int num_pages, int64_t page_stride, int64_t row_stride, int row0,
@@ -107,32 +109,58 @@ __device__ __forceinline__ void load_paged_rows(T* tile, const T* pool_head, con
   constexpr int kTileUnits = kRows * kUnitsPerRow;
   constexpr int kSlots = kRows / 32;  // table entries a lane holds
   static_assert(kRows % 32 == 0 && kTileUnits % kThreads == 0, "k/v tiles: whole warps, every lane a unit a pass");
-  const int lane = threadIdx.x % 32;
   const int last_row = min(row0 + kRows, num_valid_rows) - 1;
   const int first_page = page_rows.div(row0);
   const int num_tile_pages = last_row >= row0 ? page_rows.div(last_row) - first_page + 1 : 0;
   int entry[kSlots];  // table entry first_page + lane + 32 s in slot s
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    const int j = lane + 32 * s;
+    const int j = int(threadIdx.x) % 32 + 32 * s;
     entry[s] = j < num_tile_pages ? min(max(__ldg(table + first_page + j), 0), num_pages - 1) : 0;
   }
-#pragma unroll 4  // unrolled, ptxas took 254 registers (145 so) at head_dim 128
-  for (int i = 0; i < kTileUnits / kThreads; ++i) {
-    const int unit = i * kThreads + threadIdx.x;
-    const int row = unit / kUnitsPerRow, col = (unit % kUnitsPerRow) * 8;
-    const bool valid_row = row0 + row < num_valid_rows;
-    int tile_page;  // the row's page, counted from first_page
-    const int page_row = page_rows.divmod(row0 + row, tile_page);
-    tile_page = valid_row ? tile_page - first_page : 0;
+  // The unit's page from the lane holding it (tile_page counted from first_page; every lane takes part).
+  auto page_of = [&](int tile_page) {
     int page = 0;
 #pragma unroll
-    for (int s = 0; s < kSlots; ++s) {  // every lane takes part in every shfl
+    for (int s = 0; s < kSlots; ++s) {
       const int from_slot = __shfl_sync(0xffffffffu, entry[s], tile_page % 32);
       if (tile_page / 32 == s) page = from_slot;
     }
+    return page;
+  };
+  auto load = [&](T* dst, int page, int page_row, int col, bool valid_row) {
     const T* src = valid_row ? pool_head + page * page_stride + int64_t(page_row) * row_stride + col : pool_head;
-    load_unit<kAligned>(tile + Tile::offset(row, col), src, pool_head, valid_row, col, head_dim);
+    load_unit<kAligned>(dst, src, pool_head, valid_row, col, head_dim);
+  };
+  constexpr int kRowsPerPass = kThreads / kUnitsPerRow;
+  if constexpr (kThreads % kUnitsPerRow == 0 && kRowsPerPass % 8 == 0) {
+    // Rows first_row + i * kRowsPerPass, one column: one swizzled offset (the swizzle repeats every
+    // 8 rows), and (tile_page, page_row) advanced by kRowsPerPass = pass_pages pages + pass_rows rows.
+    const int col = (threadIdx.x % kUnitsPerRow) * 8, first_row = threadIdx.x / kUnitsPerRow;
+    int pass_pages, tile_page;
+    const int pass_rows = page_rows.divmod(kRowsPerPass, pass_pages);
+    int page_row = page_rows.divmod(row0 + first_row, tile_page);
+    tile_page -= first_page;
+    const int rows_left = num_valid_rows - row0 - first_row;
+    T* dst = tile + Tile::offset(first_row, col);
+#pragma unroll 1  // unrolled by 2 or more, ptxas spilled at head_dim 128
+    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+      const bool valid_row = i * kRowsPerPass < rows_left;
+      load(dst + i * kRowsPerPass * Tile::kChunk, page_of(valid_row ? tile_page : 0), page_row, col, valid_row);
+      page_row += pass_rows;
+      tile_page += pass_pages;
+      if (page_row >= int(page_rows.divisor)) page_row -= int(page_rows.divisor), ++tile_page;
+    }
+  } else {
+#pragma unroll 4
+    for (int i = 0; i < kTileUnits / kThreads; ++i) {
+      const int unit = i * kThreads + threadIdx.x;
+      const int row = unit / kUnitsPerRow, col = (unit % kUnitsPerRow) * 8;
+      const bool valid_row = row0 + row < num_valid_rows;
+      int tile_page;
+      const int page_row = page_rows.divmod(row0 + row, tile_page);
+      load(tile + Tile::offset(row, col), page_of(valid_row ? tile_page - first_page : 0), page_row, col, valid_row);
+    }
   }
 }
 
