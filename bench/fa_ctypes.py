@@ -31,7 +31,8 @@ class Params(ctypes.Structure):
                    ("num_threads", _i32), ("cpu_cache_bytes", _i64), ("num_splits", _i32),
                    ("seqused_k", _vp),
                    ("block_table", _vp), ("block_table_batch_stride", _i64), ("page_block_size", _i32),
-                   ("num_pages", _i32), ("leftpad_k", _vp)])
+                   ("num_pages", _i32), ("leftpad_k", _vp),
+                   ("alibi_slopes", _vp), ("alibi_slopes_batch_stride", _i64)])
 
 
 def load(path=None):

@@ -24,6 +24,9 @@ std::vector<BackwardParam> backward_params(fa_impl impl, int max_seqlen = 1 << 3
   for (fa_dtype dt : {FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16})
     for (const Case& c : fa_test::standard_backward_cases(dt, 1024))
       if (std::max(c.seqlen_q, c.seqlen_k) <= max_seqlen) out.push_back({impl, c});
+  for (fa_dtype dt : {FA_FLOAT32, FA_BFLOAT16})
+    for (const Case& c : fa_test::alibi_cases(dt, true))
+      if (std::max(c.seqlen_q, c.seqlen_k) <= max_seqlen) out.push_back({impl, c});
   return out;
 }
 

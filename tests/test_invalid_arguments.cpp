@@ -274,6 +274,33 @@ TEST(InvalidArguments, PagedKvCache) {
                   false);
 }
 
+TEST(InvalidArguments, AlibiSlopes) {
+  static std::vector<float> slopes;
+  for (fa_impl impl : kCpuImpls) {
+    Buffers b;
+    slopes = {0.5f, 0.25f, 0.f, 8.f, 1.f, 1.f, 1.f, 1.f};  // (batch 2, heads 4); a zero slope is no bias
+    b.p.alibi_slopes = slopes.data();
+    b.p.alibi_slopes_batch_stride = 4;
+    EXPECT_EQ(fa_forward(&b.p, impl), FA_OK) << fa_impl_name(impl) << ": " << fa_last_error();
+    if (has_backward(impl)) EXPECT_EQ(fa_backward(&b.p, impl), FA_OK) << fa_impl_name(impl) << ": " << fa_last_error();
+  }
+  expect_rejected([](Buffers& b) { slopes = {1, 1, 1, 1, 1, 1, 1, 1}; b.p.alibi_slopes = slopes.data(); b.p.alibi_slopes_batch_stride = -4; },
+                  FA_ERROR_INVALID_ARGUMENT, {"alibi_slopes_batch_stride", "-4"});
+  expect_rejected([](Buffers& b) { b.p.alibi_slopes = slopes.data(); b.p.alibi_slopes_batch_stride = 2; },
+                  FA_ERROR_INVALID_ARGUMENT, {"alibi_slopes_batch_stride", "num_heads"});
+  expect_rejected([](Buffers& b) { b.p.alibi_slopes_batch_stride = 4; }, FA_ERROR_INVALID_ARGUMENT,
+                  {"alibi_slopes_batch_stride", "null"});
+  expect_rejected([](Buffers& b) { slopes = {1, 1, 1, 1, 1, 1, std::nanf(""), 1}; b.p.alibi_slopes = slopes.data(); b.p.alibi_slopes_batch_stride = 4; },
+                  FA_ERROR_INVALID_ARGUMENT, {"alibi_slopes[1][2]", "finite"});
+  // The GPU kernels do not take ALiBi yet: a clear error on any machine (arguments come before the device).
+  for (fa_impl impl : {FA_IMPL_CUDA_SM80, FA_IMPL_CUDA_SM90, FA_IMPL_CUDA_STANDARD}) {
+    Buffers b;
+    slopes = {1, 1, 1, 1};
+    b.p.alibi_slopes = slopes.data();
+    expect_error(fa_forward(&b.p, impl), FA_ERROR_UNSUPPORTED, {"alibi_slopes", fa_impl_name(impl)}, fa_impl_name(impl));
+  }
+}
+
 TEST(InvalidArguments, LeftpadK) {
   for (fa_impl impl : kCpuImpls) {
     Buffers b;

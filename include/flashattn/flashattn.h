@@ -132,6 +132,14 @@ typedef struct fa_params {
    * [leftpad_k[b], seqused_k[b] (or seqlen_k)) of its cache, and causal / window masks align to their
    * count. NULL: they start at row 0. Memory of the backend's device (on a GPU not checked: clamped). */
   const int32_t* leftpad_k;
+
+  /* ALiBi (Press et al., "Train short, test long"), as flash_attn's alibi_slopes: the score of query
+   * row i and key j gets -slope * |i + seqlen_k - seqlen_q - j| added after the scale and softcap
+   * (the distance to the bottom-right-aligned diagonal, with the sequence's own lengths), slope =
+   * alibi_slopes[b * alibi_slopes_batch_stride + h] for sequence b and query head h (batch stride 0:
+   * one slope per head for every sequence). NULL: off. fp32, memory of the backend's device. */
+  const float* alibi_slopes;
+  int64_t alibi_slopes_batch_stride;
 } fa_params;
 
 /* Zeroes *p and sets the defaults (window -1/-1, dtype fp16, scale 0 = 1/sqrt(d)). */

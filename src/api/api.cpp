@@ -31,11 +31,12 @@ fa_impl resolve(const fa_params& p, fa_impl impl, bool backward) {
   return FA_IMPL_CPU_FA2;
 }
 
-using IndexArray = std::pair<const char*, const int32_t*>;
-std::array<IndexArray, 5> index_arrays(const fa_params& p) {
+// The small arrays beside the tensors that validate reads on the host (index arrays, ALiBi slopes).
+using IndexArray = std::pair<const char*, const void*>;
+std::array<IndexArray, 6> index_arrays(const fa_params& p) {
   return {IndexArray{"cu_seqlens_q", p.cu_seqlens_q}, IndexArray{"cu_seqlens_k", p.cu_seqlens_k},
           IndexArray{"seqused_k", p.seqused_k}, IndexArray{"block_table", p.block_table},
-          IndexArray{"leftpad_k", p.leftpad_k}};
+          IndexArray{"leftpad_k", p.leftpad_k}, IndexArray{"alibi_slopes", p.alibi_slopes}};
 }
 
 // A CPU implementation's index arrays are host memory: validate reads them (GPU memory would crash it).

@@ -13,13 +13,13 @@ namespace flashattn {
 
 ImplLimits impl_limits(fa_impl impl) {
   switch (impl) {
-    case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true, true, true};
-    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true, true};
-    case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true, true};
-    case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false, false};
-    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true, true};
-    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false, false};
-    default: return {0, false, false, false, false, false, false, false};
+    case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true, true, true, true};
+    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true, true, true};
+    case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true, true, true};
+    case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false, false, false};
+    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true, true, false};
+    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false, false, false};
+    default: return {0, false, false, false, false, false, false, false, false};
   }
 }
 
@@ -153,6 +153,16 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
     if (pass == Pass::Backward) return unsupported("leftpad_k: the backward pass does not take a KV cache");
     if (!lim.paged_kv) return unsupported("leftpad_k (left-padded KV cache) is not supported by %s", fa_impl_name(impl));
   }
+  if (p.alibi_slopes) {
+    if (!lim.alibi) return unsupported("alibi_slopes (ALiBi) is not supported by %s", fa_impl_name(impl));
+    if (p.alibi_slopes_batch_stride < 0)
+      return invalid("alibi_slopes_batch_stride must be >= 0 (got %lld)", (long long)p.alibi_slopes_batch_stride);
+    if (p.batch > 1 && p.alibi_slopes_batch_stride > 0 && p.alibi_slopes_batch_stride < p.num_heads)
+      return invalid("alibi_slopes_batch_stride (%lld) must be 0 (one slope per head) or >= num_heads (%d)",
+                     (long long)p.alibi_slopes_batch_stride, p.num_heads);
+  } else if (p.alibi_slopes_batch_stride != 0) {
+    return invalid("alibi_slopes_batch_stride is %lld but alibi_slopes is null", (long long)p.alibi_slopes_batch_stride);
+  }
   if (p.batch == 0) return {};
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t nbatch = varlen ? 1 : p.batch;
@@ -196,6 +206,13 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
         return invalid("leftpad_k[%d] = %d must lie in [0, %s = %d]", b, p.leftpad_k[b], p.seqused_k ? "seqused_k[b]" : "seqlen_k",
                        used);
     }
+  }
+  if (p.alibi_slopes && lim.host_memory) {
+    for (int32_t b = 0; b < p.batch; ++b)
+      for (int32_t h = 0; h < p.num_heads; ++h) {
+        const float slope = p.alibi_slopes[b * p.alibi_slopes_batch_stride + h];
+        if (!std::isfinite(slope)) return invalid("alibi_slopes[%d][%d] = %g must be finite", b, h, double(slope));
+      }
   }
   if (paged && lim.host_memory) {
     // The entries of the used keys' pages; the rest may hold anything (e.g. -1).

@@ -34,6 +34,11 @@ struct Sequence {
   int32_t seqlen_q = 0, seqlen_k = 0;
 };
 
+// ALiBi's slope of sequence b, query head h (0: no ALiBi). Host-readable slopes only (the CPU backend).
+inline float alibi_slope(const fa_params& p, int32_t b, int32_t h) {
+  return p.alibi_slopes ? p.alibi_slopes[int64_t(b) * p.alibi_slopes_batch_stride + h] : 0.f;
+}
+
 // Host-readable cu_seqlens and seqused_k only (the CPU backend). Lengths were validated.
 inline Sequence sequence(const fa_params& p, int32_t b) {
   Sequence s;

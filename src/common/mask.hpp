@@ -39,6 +39,11 @@ struct Mask {
   }
   FA_HOST_DEVICE bool visible(int64_t i, int64_t j) const { return j >= key_begin(i) && j < key_end(i); }
   FA_HOST_DEVICE bool is_banded() const { return left >= 0 || right >= 0; }
+  // |diagonal(i) - j|: ALiBi's distance (its bias is -slope times it).
+  FA_HOST_DEVICE int64_t diagonal_distance(int64_t i, int64_t j) const {
+    const int64_t d = diagonal(i) - j;
+    return d < 0 ? -d : d;
+  }
 };
 
 }  // namespace flashattn

@@ -3,7 +3,7 @@
 // Per (batch, head), with "HBM" buffers O (seqlen_q, d) fp32, l and m (seqlen_q):
 //   for each key block j (B_c keys):                         outer loop, K_j V_j loaded once
 //     for each query block i (B_r rows):                     inner loop
-//       S_ij = scale * Q_i K_j^T (softcap, mask -> -inf)
+//       S_ij = scale * Q_i K_j^T (softcap, ALiBi bias, mask -> -inf)
 //       m~ = rowmax(S_ij), P~ = exp(S_ij - m~), l~ = rowsum(P~)
 //       m_new = max(m_i, m~), l_new = e^{m_i - m_new} l_i + e^{m~ - m_new} l~
 //       O_i = diag(l_new)^-1 (diag(l_i) e^{m_i - m_new} O_i + e^{m~ - m_new} P~ V_j)
@@ -32,7 +32,7 @@ void forward_head(const fa_params& p, BlockSizes bs, int b, int h) {
   const int sq = seq.seqlen_q, sk = seq.seqlen_k, d = p.head_dim;
   const int h_kv = h / (p.num_heads / p.num_heads_kv);
   const Mask mask(sq, sk, p.causal != 0, p.window_left, p.window_right);
-  const float scale = effective_scale(p);
+  const float scale = effective_scale(p), slope = alibi_slope(p, b, h);
   const int block_r = bs.block_r, block_c = bs.block_c;
   const auto qr = q_ref(p), kr = k_ref(p), vr = v_ref(p), orf = o_ref(p);
 
@@ -68,7 +68,7 @@ void forward_head(const fa_params& p, BlockSizes bs, int b, int h) {
           for (int c = 0; c < d; ++c) acc += q_i[size_t(i) * d + c] * k_j[size_t(j) * d + c];
           acc *= scale;
           if (p.softcap > 0) acc = p.softcap * std::tanh(acc / p.softcap);
-          s[j] = acc;
+          s[j] = acc - slope * float(mask.diagonal_distance(m0 + i, n0 + j));
         }
         block_state.m = softmax::neg_inf<float>();
         for (int j = 0; j < nc; ++j) block_state.m = std::max(block_state.m, s[j]);

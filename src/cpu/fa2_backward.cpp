@@ -6,7 +6,8 @@
 //
 //   S^T  = K_j Q_i^T                 P^T  = exp2(S^T * scale * log2 e - lse * log2 e)
 //   dV_j += P^T dO_i                 dP^T = V_j dO_i^T
-//   dS^T = P^T o (dP^T - D_i) * scale        (softcap: * (1 - tanh^2) of the capped score)
+//   dS^T = P^T o (dP^T - D_i) * scale        (softcap: * (1 - tanh^2) of the capped score; ALiBi adds
+//                                             its bias to S before the exp2 and leaves dS as it is)
 //   dK_j += dS^T Q_i                 dQ_i += dS K_j   (added under the lock of query block i)
 //
 // Transposed S / P / dS put query rows in the vector lanes, as in the forward. dQ is accumulated
@@ -108,6 +109,13 @@ void backward_block(const fa_params& p, const Config& c, Workspace& w, const Sha
       s_t[e] = outer * t;
     }
     multiplier = 1.f;
+  }
+  if (const float slope = alibi_slope(p, seq.batch_index, h); slope != 0) {
+    // ALiBi: the scores in log2 units first (the bias is a constant: dS is unchanged).
+    if (multiplier != 1.f)
+      for (int64_t e = 0; e < int64_t(nv) * m_pad; ++e) s_t[e] *= multiplier;
+    multiplier = 1.f;
+    add_alibi_t(s_t, nv, rows, m_pad, n0, m0, mask, slope * kLog2e);
   }
   // P^T = exp2(x - lse * log2 e), 0 where masked or padded.
   const bool masked = n0 < mask.key_begin(m0 + rows - 1) || n0 + nv > mask.key_end(m0) || rows < m_pad;

@@ -5,7 +5,8 @@
 // keys that some row of the query block can see (blocks outside the mask are never touched):
 //
 //   x   = K_j (Q_i * scale * log2 e)^T    (n, m)  scores in log2 units, transposed: a query row per
-//                                          vector lane (softcap: softcap * log2 e * tanh(scale S / softcap))
+//                                          vector lane (softcap: softcap * log2 e * tanh(scale S / softcap);
+//                                          ALiBi: minus slope * log2 e * |i + seqlen_k - seqlen_q - j|)
 //   m_new = max(m, rowmax(x));  P^T = exp2(x - m_new);  alpha = exp2(m - m_new)
 //   l = alpha * l + rowsum(P);  O = diag(alpha) O + P V_j      (O unnormalized, fp32)
 //
@@ -72,6 +73,7 @@ void forward_block(const fa_params& p, const Config& c, const PackedKV& kv, Work
   const int h_kv = h / c.group;
   const Mask mask(seq.seqlen_q, seq.seqlen_k, p.causal != 0, p.window_left, p.window_right);
   const auto qr = q_ref(p), orf = o_ref(p);
+  const float slope_log2 = alibi_slope(p, seq.batch_index, h) * kLog2e;
 
   // Q_i^T (d, m_pad), times scale * log2 e unless softcap needs the raw score; lanes past `rows`
   // are zero and never stored.
@@ -103,6 +105,7 @@ void forward_block(const fa_params& p, const Config& c, const PackedKV& kv, Work
       const float inner = c.scale / c.softcap, outer = c.softcap * kLog2e;
       for (int64_t e = 0; e < int64_t(nv) * m_pad; ++e) s_t[e] = outer * std::tanh(inner * s_t[e]);
     }
+    if (slope_log2 != 0) add_alibi_t(s_t, nv, rows, m_pad, n0, m0, mask, slope_log2);
     // Masking is needed unless every row sees every key of the block.
     const bool masked = n0 < mask.key_begin(m0 + rows - 1) || n0 + nv > mask.key_end(m0);
 

@@ -19,6 +19,7 @@
 #endif
 
 #include "common/dtype.hpp"
+#include "common/mask.hpp"
 
 namespace flashattn::cpu {
 
@@ -154,6 +155,16 @@ inline void gemm(int m, int n, int k, const float* a, int64_t lda, const float* 
     for (; j + kTileVecs * kLanes <= n; j += kTileVecs * kLanes)
       gemm_panel<kTileVecs, ATrans>(m, kc, ak, lda, bk + j, ldb, c + j, ldc, acc);
     for (; j < n; j += kLanes) gemm_panel<1, ATrans>(m, kc, ak, lda, bk + j, ldb, c + j, ldc, acc);
+  }
+}
+
+// ALiBi on a transposed score block S^T (nv keys from n0, rows lanes of queries from m0; row stride
+// m_pad): S_ij -= slope * |i + seqlen_k - seqlen_q - j|, slope in the block's units (log2 e for scores
+// in log2 units). Lanes past `rows` are left alone.
+inline void add_alibi_t(float* s_t, int nv, int rows, int64_t m_pad, int64_t n0, int64_t m0, const Mask& mask, float slope) {
+  for (int j = 0; j < nv; ++j) {
+    float* srow = s_t + j * m_pad;
+    for (int i = 0; i < rows; ++i) srow[i] -= slope * float(mask.diagonal_distance(m0 + i, n0 + j));
   }
 }
 

@@ -1,7 +1,8 @@
 // Standard attention, materializing S and P per (batch, head), accumulating in double.
 // This is the oracle: every other implementation, CUDA included, is tested against it.
 //
-//   S = scale * Q K^T            (seqlen_q, seqlen_k); softcap: S = c * tanh(S / c)
+//   S = scale * Q K^T            (seqlen_q, seqlen_k); softcap: S = c * tanh(S / c);
+//                                ALiBi: S_ij -= slope * |i + seqlen_k - seqlen_q - j|
 //   P = softmax(S) over visible keys; O = P V; lse = log(sum_j exp(S_ij))
 //   backward: dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P * dP)), dQ = dS K * scale', dK = dS^T Q * scale'
 #include <cmath>
@@ -21,12 +22,12 @@ struct HeadProblem {
   Sequence seq;
   int head, head_kv;
   Mask mask;
-  double scale;
+  double scale, slope;  // slope: ALiBi's (0: none)
 
   HeadProblem(const fa_params& params, int b, int h)
       : p(params), seq(sequence(params, b)), head(h), head_kv(h / (params.num_heads / params.num_heads_kv)),
         mask(seq.seqlen_q, seq.seqlen_k, params.causal != 0, params.window_left, params.window_right),
-        scale(effective_scale(params)) {}
+        scale(effective_scale(params)), slope(alibi_slope(params, b, h)) {}
 
   std::vector<double> load(const TensorRef& t, bool q_side, int rows, int h) const {
     std::vector<double> m(size_t(rows) * p.head_dim);
@@ -37,8 +38,8 @@ struct HeadProblem {
     return m;
   }
 
-  // Scores S (after scale and softcap; -inf where masked) and, for the backward, the softcap
-  // derivative dS/dS_raw per entry.
+  // Scores S (after scale, softcap and ALiBi; -inf where masked) and, for the backward, the softcap
+  // derivative dS/dS_raw per entry (the ALiBi bias is a constant).
   void scores(const std::vector<double>& q, const std::vector<double>& k, std::vector<double>& s,
               std::vector<double>* dcap) const {
     const int sq = seq.seqlen_q, sk = seq.seqlen_k, d = p.head_dim;
@@ -56,7 +57,7 @@ struct HeadProblem {
         } else if (dcap) {
           (*dcap)[size_t(i) * sk + j] = scale;
         }
-        s[size_t(i) * sk + j] = x;
+        s[size_t(i) * sk + j] = x - slope * double(mask.diagonal_distance(i, j));
       }
     }
   }

@@ -49,6 +49,7 @@ std::string Case::name() const {
   if (causal) s << " causal";
   if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
   if (softcap > 0.f) s << " softcap" << softcap;
+  if (alibi) s << " alibi" << (alibi == 2 ? "_per_seq" : "") << "_" << alibi_max_slope;
   if (softmax_scale != 0.f) s << " scale" << softmax_scale;
   if (bhsd) s << " bhsd";
   if (row_padding) s << " pad" << row_padding;
@@ -127,7 +128,7 @@ struct DeviceBuffer {
 
 std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
   fa_params p = pr.params();
-  DeviceBuffer q, k, v, o, dout, dq, dk, dv, lse, cu_q, cu_k, used_k, block_table, leftpad, workspace;
+  DeviceBuffer q, k, v, o, dout, dq, dk, dv, lse, cu_q, cu_k, used_k, block_table, leftpad, alibi, workspace;
   std::string err;
   auto up = [&](DeviceBuffer& d, const void* host, size_t n) {
     if (err.empty()) err = d.upload(host, n);
@@ -146,6 +147,7 @@ std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
   up(used_k, pr.used_k.data(), pr.used_k.size() * sizeof(int32_t));
   up(block_table, pr.block_table.data(), pr.block_table.size() * sizeof(int32_t));
   up(leftpad, pr.leftpad_k.data(), pr.leftpad_k.size() * sizeof(int32_t));
+  up(alibi, pr.alibi_slopes.data(), pr.alibi_slopes.size() * sizeof(float));
   if (!err.empty()) return err;
   p.q = q.ptr;
   p.k = k.ptr;
@@ -163,6 +165,7 @@ std::string run_on_cuda(Problem& pr, fa_impl impl, bool backward) {
   if (!pr.used_k.empty()) p.seqused_k = static_cast<const int32_t*>(used_k.ptr);
   if (!pr.block_table.empty()) p.block_table = static_cast<const int32_t*>(block_table.ptr);
   if (!pr.leftpad_k.empty()) p.leftpad_k = static_cast<const int32_t*>(leftpad.ptr);
+  if (!pr.alibi_slopes.empty()) p.alibi_slopes = static_cast<const float*>(alibi.ptr);
   size_t ws = 0;
   fa_status s = fa_workspace_size(&p, impl, backward ? 1 : 0, &ws);
   if (s != FA_OK) return "fa_workspace_size: " + status_text(s);
@@ -318,7 +321,9 @@ std::string check_lse(const Problem& pr, const std::vector<float>& lse, const st
         for (int64_t j = kb; j < ke; ++j)
           kn = std::max(kn, norm(&pr.kf[row_base(s.bk, pr.rows_k, s.k_start + j, nhk, h / group, d)], d));
         const double a = pr.scale * norm(&pr.qf[qbase], d) * kn;  // >= |scale * q.k| for every visible key
-        const double smax = cap > 0 ? std::min(a, cap) : a;
+        // ALiBi's bias adds up to slope times the farthest visible key's distance to |s|.
+        const double bias = pr.alibi_slope(b, h) * double(std::max(mask.diagonal_distance(i, kb), mask.diagonal_distance(i, ke - 1)));
+        const double smax = (cap > 0 ? std::min(a, cap) : a) + bias;
         const double bound = (d + 4) * kU32 * a + 4 * kU32 * cap + (2.0 * double(ke - kb) + 16) * kU32 +
                              8 * kU32 * (std::fabs(double(want)) + smax);
         const double err = std::fabs(double(got) - want);
@@ -589,6 +594,32 @@ std::vector<Case> paged_kv_cases(fa_dtype dt, const std::vector<int>& page_sizes
     c.seqused_k = {257, 400};
     c.bhsd = true, c.row_padding = 8;
     v.push_back(c);
+  }
+  return v;
+}
+
+std::vector<Case> alibi_cases(fa_dtype dt, bool backward) {
+  std::vector<Case> v;
+  auto alibi = [](Case c, int mode, float max_slope) {
+    c.alibi = mode;
+    c.alibi_max_slope = max_slope;
+    return c;
+  };
+  v.push_back(alibi(make_case(dt, 2, 37, 53, 4, 2, 64), 1, 0.5f));        // more keys than queries
+  v.push_back(alibi(make_case(dt, 2, 70, 31, 2, 2, 32), 2, 0.25f));       // more queries: rows before the diagonal
+  v.push_back(causal(alibi(make_case(dt, 2, 129, 200, 4, 4, 80), 2, 1.f)));
+  v.push_back(window(softcap(alibi(make_case(dt, 1, 100, 100, 2, 1, 96), 1, 0.5f), 3.f, 0.5f), 16, 8));
+  v.push_back(alibi(make_case(dt, 1, 65, 300, 8, 2, 128), 1, 8.f));      // GQA; the bias dominates
+  v.push_back(alibi(varlen(make_case(dt, 3, 1, 1, 2, 1, 64), {5, 64, 1}, {70, 64, 3}), 2, 1.f));
+  v.push_back(alibi(make_case(dt, 1, 1, 1, 1, 1, 40), 1, 2.f));           // one key
+  if (!backward) {
+    Case c = alibi(make_case(dt, 3, 1, 700, 4, 2, 64), 2, 0.05f);        // decode over a KV cache's used keys
+    c.seqused_k = {700, 0, 333};
+    v.push_back(c);
+    c = alibi(make_case(dt, 2, 3, 400, 2, 2, 64), 1, 0.1f);              // left-padded: distances from its own keys
+    c.seqused_k = {300, 400};
+    c.leftpad_k = {123, 0};
+    v.push_back(causal(c));
   }
   return v;
 }

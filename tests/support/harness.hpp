@@ -37,6 +37,8 @@ struct Case {  // one problem
   std::vector<int> seqused_k;             // non-empty: a KV cache's used keys per sequence (the rest are NaN)
   int page_block_size = 0;                // > 0: k and v as a paged KV cache of pages of this many rows
   std::vector<int> leftpad_k;             // non-empty: a left-padded cache, keys from these rows (those before NaN)
+  int alibi = 0;                          // ALiBi slopes: 0 none, 1 one per head, 2 one per (sequence, head)
+  float alibi_max_slope = 1.f;            // the first head's slope (the others halve it, as in the paper)
   bool bhsd = false;                      // memory laid out (batch, heads, seqlen, head_dim)
   int row_padding = 0;                    // extra elements after each head vector and each row
   bool deterministic = false;
@@ -84,6 +86,10 @@ std::vector<Case> leftpad_kv_cases(fa_dtype dtype);
 // a pool with spare NaN pages, table entries past the used keys -1; decode, GQA, causal, windowed,
 // split, a strided (bhsd, padded) pool, sequences of 0 used keys and of lengths off the page size.
 std::vector<Case> paged_kv_cases(fa_dtype dtype, const std::vector<int>& page_sizes);
+// ALiBi (fa_params::alibi_slopes): one slope per head and per (sequence, head), s_q != s_k, causal,
+// windowed with softcap, GQA, varlen, slopes large enough that the bias dominates the scores, one
+// key; backward = false adds the KV-cache forms (a decode step over used and left-padded keys).
+std::vector<Case> alibi_cases(fa_dtype dtype, bool backward);
 std::vector<Case> standard_backward_cases(fa_dtype dtype, int max_head_dim);
 
 // A gtest parameter name for a case: the name with every non-alphanumeric character made '_'.

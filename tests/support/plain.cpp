@@ -19,7 +19,7 @@ constexpr float kU32 = 1.f / (1 << 24);  // fp32 unit roundoff
 struct Head {
   const Problem& pr;
   SeqRange s;
-  int h, hk, d;
+  int s_index, h, hk, d;  // s_index: the sequence's index in the batch
   fa_dtype dt;
   flashattn::Mask mask;
   std::vector<float> p, t;  // P (rounded), tanh of the scaled scores (softcap only)
@@ -32,7 +32,7 @@ struct Head {
   std::vector<float> eps;
 
   Head(const Problem& problem, int b, int head)
-      : pr(problem), s(problem.seq(b)), h(head), hk(head / (problem.c.num_heads / problem.c.num_heads_kv)),
+      : pr(problem), s(problem.seq(b)), s_index(b), h(head), hk(head / (problem.c.num_heads / problem.c.num_heads_kv)),
         d(problem.c.head_dim), dt(problem.c.dtype),
         mask(int32_t(s.seqlen_q), int32_t(s.seqlen_k), problem.c.causal, problem.c.window_left, problem.c.window_right) {}
 
@@ -65,6 +65,7 @@ struct Head {
           t[size_t(i * sk + j)] = th;
           x = r(cap * th);
         }
+        x -= pr.alibi_slope(s_index, h) * float(mask.diagonal_distance(i, j));  // ALiBi, in fp32
         row[size_t(j)] = x;
         s_abs = std::max(s_abs, std::fabs(x));
       }

@@ -136,6 +136,10 @@ fa_params Problem::params() {
   }
   p.seqused_k = used_k.empty() ? nullptr : used_k.data();
   p.leftpad_k = leftpad_k.empty() ? nullptr : leftpad_k.data();
+  if (!alibi_slopes.empty()) {
+    p.alibi_slopes = alibi_slopes.data();
+    p.alibi_slopes_batch_stride = alibi_batch_stride;
+  }
   if (!block_table.empty()) {
     p.block_table = block_table.data();
     p.block_table_batch_stride = table_stride;
@@ -275,6 +279,17 @@ Problem make_problem(const Case& c, uint64_t seed) {
     pr.k.set(pr.kf);
     pr.v.set(pr.vf);
   }
+  if (c.alibi != 0) {
+    // Slopes of a geometric sequence over the heads from alibi_max_slope (ALiBi's 2^(-8 h / H) with a
+    // larger start, so short sequences see the bias); per sequence (alibi 2) scaled by 1 / (b + 1).
+    const int nbatch = pr.varlen ? int(pr.cu_q.size()) - 1 : c.batch;
+    const int rows = c.alibi == 2 ? nbatch : 1;
+    pr.alibi_batch_stride = c.alibi == 2 ? c.num_heads : 0;
+    pr.alibi_slopes.resize(size_t(rows) * c.num_heads);
+    for (int b = 0; b < rows; ++b)
+      for (int h = 0; h < c.num_heads; ++h)
+        pr.alibi_slopes[size_t(b * c.num_heads + h)] = c.alibi_max_slope * std::ldexp(1.f, -h) / float(b + 1);
+  }
   if (c.page_block_size > 0) page_kv(pr, rng);
   return pr;
 }
@@ -300,6 +315,8 @@ struct Fp32Copy {
     pr.cu_q = src.cu_q;
     pr.cu_k = src.cu_k;
     pr.used_k = src.used_k;
+    pr.alibi_slopes = src.alibi_slopes;
+    pr.alibi_batch_stride = src.alibi_batch_stride;
     pr.scale = src.scale;
     const int h = src.c.num_heads, hk = src.c.num_heads_kv, d = src.c.head_dim;
     auto make = [&](int64_t rows, int heads) { return make_tensor(FA_FLOAT32, pr.nb, rows, heads, d, false, 0); };

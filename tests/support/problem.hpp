@@ -60,6 +60,11 @@ struct Problem {
   int64_t table_stride = 0;
   int num_pages = 0;
   std::vector<int32_t> leftpad_k;  // fa_params::leftpad_k (empty: none)
+  std::vector<float> alibi_slopes;  // fa_params::alibi_slopes (empty: none), (nb or 1, num_heads)
+  int64_t alibi_batch_stride = 0;
+  float alibi_slope(int64_t b, int h) const {  // sequence b's (0: none)
+    return alibi_slopes.empty() ? 0.f : alibi_slopes[size_t(b * alibi_batch_stride + h)];
+  }
   float scale = 0.f;  // the effective softmax scale
   HostTensor q, k, v, o, dout, dq, dk, dv;
   std::vector<float> lse;  // (nb, heads, rows_q)

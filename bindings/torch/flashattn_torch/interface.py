@@ -5,9 +5,9 @@
 
 As in flash_attn, return_attn_probs=True returns (out, softmax_lse, S_dmask) where S_dmask is
 None unless dropout_p > 0; this library has no dropout, so it is always None here. Arguments the
-library does not implement (dropout_p > 0, alibi_slopes, block_table outside flash_attn_with_kvcache;
-in flash_attn_with_kvcache also rotary and the cache index / left padding) raise NotImplementedError
-naming them; nothing is silently ignored.
+library does not implement (dropout_p > 0, block_table outside flash_attn_with_kvcache) raise
+NotImplementedError naming them; nothing is silently ignored. alibi_slopes (fp32 (nheads,) or (batch, nheads))
+runs on the CPU backends; the CUDA kernels do not take it yet and raise the library's error.
 """
 
 import torch
@@ -15,12 +15,10 @@ import torch
 from . import ops
 
 
-def _unsupported(dropout_p, alibi_slopes, block_table=None):
+def _unsupported(dropout_p, block_table=None):
     if dropout_p != 0.0:
         raise NotImplementedError(f"flashattn: dropout_p={dropout_p} is not supported (dropout is not implemented; "
                                   "pass dropout_p=0.0)")
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashattn: alibi_slopes is not supported (ALiBi is not implemented)")
     if block_table is not None:
         raise NotImplementedError("flashattn: block_table (paged KV cache) is not supported")
 
@@ -32,7 +30,7 @@ def _window(window_size):
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
-    _unsupported(dropout_p, alibi_slopes, block_table)
+    _unsupported(dropout_p, block_table)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** (-0.5)
     elif softmax_scale == 0:
@@ -41,7 +39,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     left, right = _window(window_size)
     softcap = float(softcap) if softcap > 0 else 0.0  # flash_attn: softcap <= 0 means off
     out, lse = ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale),
-                             bool(causal), left, right, softcap, bool(deterministic))
+                             bool(causal), left, right, softcap, bool(deterministic), alibi_slopes)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -135,9 +133,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_leftpad (int32 (batch,), not with block_table): sequence b's keys start at cache row
     cache_leftpad[b] (the rows before are never read; masks align to the keys from there; cache_seqlens
     stays the end row, where new k, v go, and the rotary positions are cache rows). Returns out like q; with
-    return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). Not implemented
-    (NotImplementedError): alibi_slopes."""
-    _unsupported(0.0, alibi_slopes)
+    return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). alibi_slopes (fp32 (nheads,) or
+    (batch, nheads)): ALiBi over the keys attended to, CPU backends only (as flash_attn_func)."""
     if cache_leftpad is not None:
         cache_leftpad = cache_leftpad.to(device=q.device, dtype=torch.int32)
     if (k is None) != (v is None):
@@ -190,7 +187,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     left, right = _window(window_size)
     softcap = float(softcap) if softcap > 0 else 0.0
     out, lse = ops.fwd_kvcache(q, k_cache, v_cache, used, block_table, cache_leftpad, float(softmax_scale), bool(causal),
-                               left, right, softcap, int(num_splits))
+                               left, right, softcap, int(num_splits), alibi_slopes)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -98,6 +98,23 @@ def _set_tensor(p, name, t):
     setattr(p, head_stride, s[-2])
 
 
+def _check_alibi(q, alibi_slopes, batch):
+    """ALiBi slopes: fp32 (nheads,) or (batch, nheads) on q's device (real and fake paths)."""
+    nheads = q.shape[-2]
+    if (alibi_slopes.dtype != torch.float32 or alibi_slopes.shape not in ((nheads,), (batch, nheads))
+            or alibi_slopes.device != q.device):
+        raise ValueError(f"flashattn: alibi_slopes must be a float32 tensor (nheads,) or (batch, nheads) = "
+                         f"({batch}, {nheads}) on {q.device} (got {alibi_slopes.dtype}, shape "
+                         f"{tuple(alibi_slopes.shape)}, {alibi_slopes.device})")
+
+
+def _set_alibi(p, alibi_slopes):
+    """fa_params.alibi_slopes from a checked, contiguous slopes tensor (None: off); batch stride 0 for (nheads,)."""
+    if alibi_slopes is not None:
+        p.alibi_slopes = alibi_slopes.data_ptr()
+        p.alibi_slopes_batch_stride = alibi_slopes.shape[-1] if alibi_slopes.dim() == 2 else 0
+
+
 def _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
             window_left, window_right, softcap, deterministic):
     p = _lib.new_params()
@@ -165,7 +182,7 @@ def _forward(p, q, k, v, varlen):
 
 def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
-        window_right: int, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor]:
+        window_right: int, softcap: float, deterministic: bool, alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     """(out, lse) = attention(q, k, v); `deterministic` only travels to the backward."""
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
     q, k, v = _usable(q), _usable(k), _usable(v)
@@ -174,6 +191,10 @@ def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor]
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     p = _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                 window_left, window_right, softcap, deterministic)
+    if alibi_slopes is not None:
+        _check_alibi(q, alibi_slopes, p.batch)
+        alibi_slopes = alibi_slopes.contiguous()
+        _set_alibi(p, alibi_slopes)
     return _forward(p, q, k, v, varlen)
 
 
@@ -182,15 +203,18 @@ fwd = torch.library.custom_op("flashattn::fwd", forward_impl, mutates_args=())
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              window_left, window_right, softcap, deterministic):
+              window_left, window_right, softcap, deterministic, alibi_slopes):
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
     varlen = cu_seqlens_q is not None
+    if alibi_slopes is not None:
+        _check_alibi(q, alibi_slopes, cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0])
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
 
 
 def backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
         cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-        window_left: int, window_right: int, softcap: float, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        window_left: int, window_right: int, softcap: float, deterministic: bool,
+        alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) by the library's backward from dout and the forward's out and lse."""
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
     dout, q, k, v, out = _usable(dout), _usable(q), _usable(k), _usable(v), _usable(out)
@@ -205,6 +229,9 @@ def backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
             t.fill_(float("nan"))
     p = _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                 window_left, window_right, softcap, deterministic)
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.contiguous()  # checked by the forward
+        _set_alibi(p, alibi_slopes)
     for name, t in (("q", q), ("k", k), ("v", v), ("o", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         _set_tensor(p, name, t)
     p.lse = lse.data_ptr()
@@ -217,7 +244,7 @@ bwd = torch.library.custom_op("flashattn::bwd", backward_impl, mutates_args=())
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal, window_left, window_right, softcap, deterministic):
+              causal, window_left, window_right, softcap, deterministic, alibi_slopes):
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -244,7 +271,8 @@ def _per_sequence(name, q, x):
 
 def kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_used: Optional[Tensor],
         block_table: Optional[Tensor], cache_leftpad: Optional[Tensor], softmax_scale: float, causal: bool,
-        window_left: int, window_right: int, softcap: float, num_splits: int) -> Tuple[Tensor, Tensor]:
+        window_left: int, window_right: int, softcap: float, num_splits: int,
+        alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     """(out, lse) over a KV cache (forward only): sequence b attends to keys [cache_leftpad[b], cache_used[b])
     of its k_cache / v_cache rows (fa_params.leftpad_k, None: 0; fa_params.seqused_k, None: all rows), masks
     aligned to their count. With block_table the caches are pools of pages (num_pages, page_block_size,
@@ -260,6 +288,10 @@ def kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_used
         cache_leftpad = _per_sequence("cache_leftpad", q, cache_leftpad)
     p = _params(q, k_cache, None, None, 0, 0, softmax_scale, causal, window_left, window_right, softcap, False)
     p.num_splits = num_splits
+    if alibi_slopes is not None:
+        _check_alibi(q, alibi_slopes, q.shape[0])
+        alibi_slopes = alibi_slopes.contiguous()
+        _set_alibi(p, alibi_slopes)
     if cache_used is not None:
         p.seqused_k = cache_used.data_ptr()
     if cache_leftpad is not None:
@@ -279,25 +311,27 @@ fwd_kvcache = torch.library.custom_op("flashattn::fwd_kvcache", kvcache_forward_
 
 @fwd_kvcache.register_fake
 def _fwd_kvcache_fake(q, k_cache, v_cache, cache_used, block_table, cache_leftpad, softmax_scale, causal, window_left,
-                      window_right, softcap, num_splits):
+                      window_right, softcap, num_splits, alibi_slopes):
     _check(q, k_cache, v_cache, None, None, block_table is not None)
+    if alibi_slopes is not None:
+        _check_alibi(q, alibi_slopes, q.shape[0])
     if block_table is not None:
         _check_block_table(q, block_table)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, False), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, *args = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, *args, alibi_slopes = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     ctx.args = args  # max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
-    return (dq, dk, dv) + (None,) * 10
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args, alibi_slopes)
+    return (dq, dk, dv) + (None,) * 11
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -314,9 +348,9 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        dq, dk, dv = backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
-        return (dq, dk, dv) + (None,) * 10
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+        dq, dk, dv = backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args, alibi_slopes)
+        return (dq, dk, dv) + (None,) * 11
 
 
 def _dispatch_stack_empty():
@@ -325,10 +359,10 @@ def _dispatch_stack_empty():
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, deterministic):
+              window_right, softcap, deterministic, alibi_slopes=None):
     """(out, lse): torch.ops.flashattn.fwd, or its eager twin where nothing needs the dispatcher."""
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-            window_right, softcap, deterministic)
+            window_right, softcap, deterministic, alibi_slopes)
     if (torch.compiler.is_compiling() or type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor
             or not _dispatch_stack_empty()):
         return fwd(*args)

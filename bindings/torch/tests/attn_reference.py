@@ -38,9 +38,19 @@ def visible(seqlen_q, seqlen_k, causal, window_left, window_right, device):
     return mask
 
 
-def plain_attention(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0):
+def alibi_bias(alibi_slopes, batch, heads, seqlen_q, seqlen_k, device):
+    """(batch, heads, seqlen_q, seqlen_k) fp64: -slope * |i + seqlen_k - seqlen_q - j|, as flash_attn's ALiBi;
+    alibi_slopes (heads,) or (batch, heads)."""
+    i = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    slopes = alibi_slopes.double().expand(batch, heads)
+    return -slopes[:, :, None, None] * (i - j).abs().double()
+
+
+def plain_attention(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None):
     """q (b, s_q, h, d), k/v (b, s_k, h_k, d) -> (out like q, lse (b, h, s_q) fp32 or fp64).
-    Rows with no visible key give out 0 and lse -inf."""
+    Rows with no visible key give out 0 and lse -inf. alibi_slopes: its bias added after the softcap, in
+    the scores' dtype."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
@@ -49,6 +59,8 @@ def plain_attention(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), 
     s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        s = s + alibi_bias(alibi_slopes, b, h, sq, sk, q.device).to(s.dtype)
     mask = visible(sq, sk, causal, window[0], window[1], q.device)
     s = torch.where(mask, s, float("-inf"))
     lse = torch.logsumexp(s.to(torch.float64 if s.dtype == torch.float64 else torch.float32), dim=-1)
@@ -58,12 +70,19 @@ def plain_attention(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), 
     return out, lse
 
 
+def _sequence_kw(kw, b):
+    """The keyword arguments of sequence b of a varlen batch: per-sequence ALiBi slopes (batch, h) -> row b."""
+    slopes = kw.get("alibi_slopes")
+    return {**kw, "alibi_slopes": slopes[b]} if slopes is not None and slopes.dim() == 2 else kw
+
+
 def plain_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw):
     """Packed q (total_q, h, d), k/v (total_k, h_k, d) -> (out like q, lse (h, total_q))."""
     outs, lses = [], []
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
-        o, lse = plain_attention(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]], **kw)
+        o, lse = plain_attention(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
+                                 **_sequence_kw(kw, b))
         outs.append(o[0])
         lses.append(lse[0])
     return torch.cat(outs, 0), torch.cat(lses, 1)
@@ -80,7 +99,7 @@ def _seq_sum(terms, n):
     return acc
 
 
-def plain_sequential(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0):
+def plain_sequential(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None):
     """The C++ harness's plain implementation (tests/support/plain.cpp) in PyTorch: standard
     attention in the input's precision, every intermediate rounded to the dtype as eager ops store
     it, every matmul a sequential fp32 sum. Returns (out, dq, dk, dv) in the input dtype.
@@ -106,6 +125,8 @@ def plain_sequential(q, k, v, dout, softmax_scale=None, causal=False, window=(-1
     if softcap > 0:
         th = torch.tanh(s / softcap)
         s = r(softcap * th)
+    if alibi_slopes is not None:  # added in fp32, as the C++ harness's plain implementation does
+        s = s + alibi_bias(alibi_slopes.cpu(), b, h, sq, sk, q.device).float()
     mask = visible(sq, sk, causal, window[0], window[1], q.device)
     s = torch.where(mask, s, float("-inf"))
     m = s.amax(-1, keepdim=True)
@@ -131,11 +152,11 @@ def plain_sequential(q, k, v, dout, softmax_scale=None, causal=False, window=(-1
 def plain_sequential_varlen(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, **kw):
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     parts = [plain_sequential(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
-                              dout[None, cq[b]:cq[b + 1]], **kw) for b in range(len(cq) - 1)]
+                              dout[None, cq[b]:cq[b + 1]], **_sequence_kw(kw, b)) for b in range(len(cq) - 1)]
     return [torch.cat([part[i][0] for part in parts], 0) for i in range(4)]
 
 
-def gradient_floor(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0):
+def gradient_floor(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None):
     """Per-element fp32 floors of (o, dq, dk, dv), as the C++ harness (tests/support/plain.cpp) has them.
     o: a flash forward computes P_ij from fp32 scores, a running max and sum and lse, each exact to
     eps_i = 4 u (|lse_i| + max_j |s_ij| + sqrt(n_i) + sqrt(d) max_j scale |q_i| . |k_j|) relative,
@@ -151,6 +172,8 @@ def gradient_floor(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, 
     raw = torch.einsum("bihd,bjhd->bhij", q, ke) * scale
     dcap = 1 - torch.tanh(raw / softcap) ** 2 if softcap > 0 else torch.ones_like(raw)
     s = softcap * torch.tanh(raw / softcap) if softcap > 0 else raw
+    if alibi_slopes is not None:
+        s = s + alibi_bias(alibi_slopes.to(q.device), b, h, sq, sk, q.device)
     mask = visible(sq, sk, causal, window[0], window[1], q.device)
     p = torch.where(mask.any(-1, keepdim=True), torch.softmax(torch.where(mask, s, float("-inf")), -1), 0.0)
     dp = torch.einsum("bihd,bjhd->bhij", dout, ve)
@@ -174,11 +197,11 @@ def gradient_floor(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, 
 def gradient_floor_varlen(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, **kw):
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     parts = [gradient_floor(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
-                            dout[None, cq[b]:cq[b + 1]], **kw) for b in range(len(cq) - 1)]
+                            dout[None, cq[b]:cq[b + 1]], **_sequence_kw(kw, b)) for b in range(len(cq) - 1)]
     return tuple(torch.cat([part[i][0] for part in parts], 0) for i in range(4))
 
 
-def lse_bound(q, k, lse_ref, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0):
+def lse_bound(q, k, lse_ref, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None):
     """Per-row bound on |lse - ref| from fp32 error analysis, as the C++ harness's check_lse has it:
     the scores' dot products (d + 4) u scale |q||k|, the sum of n exponentials and its rescalings
     (2 n + 16) u, the exp2/log conversions and the final add 8 u (|lse| + max |s|)."""
@@ -193,6 +216,9 @@ def lse_bound(q, k, lse_ref, softmax_scale=None, causal=False, window=(-1, -1), 
     k_max = torch.where(mask, k_norm[:, :, None, :], 0.0).amax(-1)                      # (b, h, sq)
     a = scale * q.norm(dim=-1).permute(0, 2, 1) * k_max
     smax = a.clamp(max=softcap) if softcap > 0 else a
+    if alibi_slopes is not None:  # ALiBi adds up to its largest visible |bias| to |s|
+        bias = alibi_bias(alibi_slopes.to(q.device), b, h, sq, sk, q.device).abs()
+        smax = smax + torch.where(mask, bias, 0.0).amax(-1)
     n = mask.sum(-1).double()                                                           # (sq,)
     ref = lse_ref.detach().double().abs().where(torch.isfinite(lse_ref), 0.0)
     return (d + 4) * U32 * a + 4 * U32 * softcap + (2 * n + 16) * U32 + 8 * U32 * (ref + smax)
@@ -200,7 +226,8 @@ def lse_bound(q, k, lse_ref, softmax_scale=None, causal=False, window=(-1, -1), 
 
 def lse_bound_varlen(q, k, lse_ref, cu_seqlens_q, cu_seqlens_k, **kw):
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    parts = [lse_bound(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], lse_ref[None, :, cq[b]:cq[b + 1]], **kw)[0]
+    parts = [lse_bound(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], lse_ref[None, :, cq[b]:cq[b + 1]],
+                       **_sequence_kw(kw, b))[0]
              for b in range(len(cq) - 1)]
     return torch.cat(parts, 1)
 

@@ -104,11 +104,20 @@ def test_an_int_cache_length_and_no_length():
     assert (part.double() - ref).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("arg", ["alibi_slopes"])
-def test_unsupported_arguments_raise_naming_them(arg):
-    q, k_cache = torch.randn(1, 1, 2, 16), torch.randn(1, 8, 2, 16)
-    with pytest.raises(NotImplementedError, match=arg):
-        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), cache_seqlens=4, **{arg: torch.zeros(1)})
+@pytest.mark.parametrize("per_sequence", [False, True], ids=["per_head", "per_sequence"])
+def test_alibi_over_the_used_keys(per_sequence):
+    """ALiBi's distances count from the end of each sequence's used keys (seqlen_k = its cache length)."""
+    torch.manual_seed(3)
+    q, k_cache, v_cache = torch.randn(2, 3, 4, 32), torch.randn(2, 50, 2, 32), torch.randn(2, 50, 2, 32)
+    used = torch.tensor([50, 17], dtype=torch.int32)
+    slopes = torch.tensor([[0.5, 0.25, 0.125, 1.0], [2.0, 0.0, 0.3, 0.7]]) if per_sequence else torch.tensor([0.5, 0.25, 0.125, 1.0])
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=used, causal=True, alibi_slopes=slopes)
+    for b in range(2):
+        n = int(used[b])
+        s = slopes[b] if per_sequence else slopes
+        ref, _ = plain_attention(q[b:b + 1].double(), k_cache[b:b + 1, :n].double(), v_cache[b:b + 1, :n].double(),
+                                 causal=True, alibi_slopes=s)
+        assert (out[b:b + 1].double() - ref).abs().max().item() < 1e-5
 
 
 def test_new_keys_without_cache_lengths_or_without_values_raise():
@@ -249,7 +258,7 @@ def test_opcheck_fwd_kvcache(device, paged):
         k_cache, v_cache = (torch.randn(2, 2 * page, 2, 64, dtype=torch.bfloat16, device=device) for _ in range(2))
         table = None
     torch.library.opcheck(torch.ops.flashattn.fwd_kvcache.default,
-                          (q, k_cache, v_cache, used, table, None, 0.125, True, -1, -1, 0.0, 0))
+                          (q, k_cache, v_cache, used, table, None, 0.125, True, -1, -1, 0.0, 0, None))
 
 
 # Rotary embeddings (rotary_cos / rotary_sin): the new k and q rotated at their positions before the write.
