@@ -249,33 +249,27 @@ Problem make_problem(const Case& c, uint64_t seed) {
   fill(pr.k, pr.kf);
   fill(pr.v, pr.vf);
   fill(pr.dout, pr.dof);
-  if (!c.seqused_k.empty()) {
-    // A KV cache: the rows past a sequence's used keys hold NaN, so reading one shows.
+  // Rows [from, to) of sequence b's k and v as NaN (a KV cache's rows no key may come from), so
+  // reading one shows.
+  auto nan_rows = [&](int64_t b, int64_t from, int64_t to) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const int64_t row = int64_t(hk) * d;
+    std::fill(pr.kf.begin() + (b * pr.rows_k + from) * row, pr.kf.begin() + (b * pr.rows_k + to) * row, nan);
+    std::fill(pr.vf.begin() + (b * pr.rows_k + from) * row, pr.vf.begin() + (b * pr.rows_k + to) * row, nan);
+  };
+  if (!c.seqused_k.empty()) {  // a KV cache: the rows past a sequence's used keys
     if (pr.varlen || c.seqused_k.size() != size_t(c.batch))
       throw std::invalid_argument("Case: seqused_k needs a padded batch and one length per sequence");
     pr.used_k.assign(c.seqused_k.begin(), c.seqused_k.end());
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    for (int64_t b = 0; b < pr.nb; ++b)
-      for (int64_t j = pr.used_k[size_t(b)]; j < pr.rows_k; ++j)
-        for (int64_t e = 0; e < int64_t(hk) * d; ++e) {
-          const size_t i = size_t((b * pr.rows_k + j) * hk * d + e);
-          pr.kf[i] = pr.vf[i] = nan;
-        }
-    pr.k.set(pr.kf);
-    pr.v.set(pr.vf);
+    for (int64_t b = 0; b < pr.nb; ++b) nan_rows(b, pr.used_k[size_t(b)], pr.rows_k);
   }
-  if (!c.leftpad_k.empty()) {
-    // A left-padded cache: the rows before a sequence's first key hold NaN too.
+  if (!c.leftpad_k.empty()) {  // a left-padded cache: the rows before a sequence's first key too
     if (pr.varlen || c.leftpad_k.size() != size_t(c.batch))
       throw std::invalid_argument("Case: leftpad_k needs a padded batch and one start per sequence");
     pr.leftpad_k.assign(c.leftpad_k.begin(), c.leftpad_k.end());
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    for (int64_t b = 0; b < pr.nb; ++b)
-      for (int64_t j = 0; j < pr.leftpad_k[size_t(b)]; ++j)
-        for (int64_t e = 0; e < int64_t(hk) * d; ++e) {
-          const size_t i = size_t((b * pr.rows_k + j) * hk * d + e);
-          pr.kf[i] = pr.vf[i] = nan;
-        }
+    for (int64_t b = 0; b < pr.nb; ++b) nan_rows(b, 0, pr.leftpad_k[size_t(b)]);
+  }
+  if (!pr.used_k.empty() || !pr.leftpad_k.empty()) {
     pr.k.set(pr.kf);
     pr.v.set(pr.vf);
   }

@@ -27,6 +27,14 @@ def out_floor(q, k_cache, v_cache, used, **kw):
                                      **kw)[0] for b, n in enumerate(used.tolist())])
 
 
+def check_out(out, q, k_cache, v_cache, used, dtype, **kw):
+    """out by the 2x rule with the fp32 floor against plain attention on each sequence's first used[b]
+    cache rows."""
+    ref, _ = per_sequence(q, k_cache, v_cache, used, torch.float64, **kw)
+    plain, _ = per_sequence(q, k_cache, v_cache, used, dtype, **kw)
+    check_rule("out", out, ref, plain, 2, dtype, out_floor(q, k_cache, v_cache, used, **kw))
+
+
 def nan_cache(batch, rows, heads_kv, d, used, dtype, device):
     cache = torch.randn(batch, rows, heads_kv, d, dtype=dtype, device=device)
     for b, n in enumerate(used):
@@ -88,9 +96,7 @@ def test_new_keys_are_written_into_the_cache_and_attended(device):
         assert torch.equal(k_cache[b, n:n + new], k[b]) and torch.equal(v_cache[b, n:n + new], v[b])
         assert torch.equal(k_cache[b, :n], before[b, :n])
     total = seqlens + new
-    ref, _ = per_sequence(q, k_cache, v_cache, total, torch.float64, causal=True)
-    plain, _ = per_sequence(q, k_cache, v_cache, total, dtype, causal=True)
-    check_rule("out", out, ref, plain, 2, dtype, out_floor(q, k_cache, v_cache, total, causal=True))
+    check_out(out, q, k_cache, v_cache, total, dtype, causal=True)
 
 
 def test_an_int_cache_length_and_no_length():
@@ -307,10 +313,7 @@ def test_rotary_rotates_the_new_keys_and_q_at_their_positions(device, interleave
         assert torch.equal(k_cache[b, n:n + new, :, rotary_dim:], k[b, :, :, rotary_dim:])
         assert torch.equal(v_cache[b, n:n + new], v[b]) and torch.equal(k_cache[b, :n], before[b, :n])
     # Attention with q rotated as the reference rotates it, over the cache as it now is.
-    total, kw = seqlens + new, {"causal": causal}
-    ref, _ = per_sequence(q_rot, k_cache, v_cache, total, torch.float64, **kw)
-    plain, _ = per_sequence(q_rot, k_cache, v_cache, total, dtype, **kw)
-    check_rule("out", out, ref, plain, 2, dtype, out_floor(q_rot, k_cache, v_cache, total, **kw))
+    check_out(out, q_rot, k_cache, v_cache, seqlens + new, dtype, causal=causal)
 
 
 def test_rotary_argument_errors():
@@ -346,9 +349,7 @@ def test_cache_batch_idx_selects_each_sequences_cache_row(device):
     untouched = [i for i in range(cache_batch) if i not in index]
     assert torch.equal(k_cache[untouched], before_k[untouched]) and torch.equal(v_cache[untouched], before_v[untouched])
     gathered_k, gathered_v, total = k_cache[idx.long()], v_cache[idx.long()], seqlens + new
-    ref, _ = per_sequence(q, gathered_k, gathered_v, total, torch.float64, causal=True)
-    plain, _ = per_sequence(q, gathered_k, gathered_v, total, dtype, causal=True)
-    check_rule("out", out, ref, plain, 2, dtype, out_floor(q, gathered_k, gathered_v, total, causal=True))
+    check_out(out, q, gathered_k, gathered_v, total, dtype, causal=True)
 
 
 def test_cache_batch_idx_errors():
@@ -383,9 +384,7 @@ def test_cache_leftpad_attends_to_the_rows_after_the_padding(device, causal):
     for b, n in enumerate(pad):
         shifted_k[b, :rows - n], shifted_v[b, :rows - n] = k_cache[b, n:], v_cache[b, n:]
     total = seqlens + new - leftpad
-    ref, _ = per_sequence(q, shifted_k, shifted_v, total, torch.float64, causal=causal)
-    plain, _ = per_sequence(q, shifted_k, shifted_v, total, dtype, causal=causal)
-    check_rule("out", out, ref, plain, 2, dtype, out_floor(q, shifted_k, shifted_v, total, causal=causal))
+    check_out(out, q, shifted_k, shifted_v, total, dtype, causal=causal)
 
 
 def test_cache_leftpad_errors():
