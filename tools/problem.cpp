@@ -19,6 +19,8 @@ void add_param_flags(CLI::App* app, ProblemSpec& s) {
   app->add_option("--window-right", s.window_right, "sliding window: keys visible to the right of the diagonal (-1: unbounded)")
       ->capture_default_str();
   app->add_option("--softcap", s.softcap, "tanh soft-capping of scores, s = c tanh(s / c) (0: off)")->capture_default_str();
+  app->add_flag("--alibi", s.alibi,
+                "ALiBi: scores get -slope_h |i + seqlen_k - seqlen_q - j|, slope_h = 2^(-8 (h + 1) / heads) (Press et al.)");
   app->add_option("--scale", s.scale, "softmax scale (0: 1/sqrt(head_dim))")->capture_default_str();
   app->add_option("--threads", s.threads, "CPU threads (0: every core)")->capture_default_str();
   app->add_option("--cache-bytes", s.cache_bytes,
@@ -228,6 +230,13 @@ Tensors::Tensors(Device device, const fa_params& shape, const ProblemSpec& s, bo
     p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.data());
     p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.data());
   }
+  if (s.alibi) {  // the same slopes for every sequence (batch stride 0)
+    host_alibi.resize(size_t(p.num_heads));
+    for (int h = 0; h < p.num_heads; ++h) host_alibi[size_t(h)] = std::exp2(-8.f * float(h + 1) / float(p.num_heads));
+    alibi = Buffer(dev, host_alibi.size() * 4);
+    alibi.upload(host_alibi.data(), alibi.bytes());
+    p.alibi_slopes = static_cast<const float*>(alibi.data());
+  }
   poison_outputs();
 }
 
@@ -269,6 +278,7 @@ fa_params reference_params(const Tensors& t, std::vector<float>& o_ref, std::vec
   r.workspace = nullptr;
   r.workspace_bytes = 0;
   r.stream = nullptr;
+  if (t.p.alibi_slopes) r.alibi_slopes = t.host_alibi.data();
   if (spec_varlen(t.p)) {
     r.cu_seqlens_q = t.host_cu_q.data();
     r.cu_seqlens_k = t.host_cu_k.data();
@@ -325,6 +335,7 @@ fa_params reference_backward_params(const Tensors& t, std::vector<float>& o_ref,
   r.workspace = nullptr;
   r.workspace_bytes = 0;
   r.stream = nullptr;
+  if (t.p.alibi_slopes) r.alibi_slopes = t.host_alibi.data();
   if (spec_varlen(t.p)) {
     r.cu_seqlens_q = t.host_cu_q.data();
     r.cu_seqlens_k = t.host_cu_k.data();

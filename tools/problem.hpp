@@ -32,6 +32,7 @@ struct ProblemSpec {
   bool causal = true;
   int window_left = -1, window_right = -1;
   float softcap = 0, scale = 0;
+  bool alibi = false;  // ALiBi with the paper's slopes 2^(-8 (h + 1) / heads)
   int threads = 0;
   std::string cache_bytes = "0";  // M for the CPU block sizes; accepts K/M/KiB/MiB suffixes
   bool deterministic = false;
@@ -61,8 +62,8 @@ int64_t k_elements(const fa_params& p);
 struct Tensors {
   Device dev = Device::Cpu;
   fa_params p{};  // pointers set to the buffers below
-  Buffer q, k, v, o, lse, dout, dq, dk, dv, cu_q, cu_k;
-  std::vector<float> host_q, host_k, host_v, host_dout;
+  Buffer q, k, v, o, lse, dout, dq, dk, dv, cu_q, cu_k, alibi;
+  std::vector<float> host_q, host_k, host_v, host_dout, host_alibi;  // host_alibi: one slope a head (--alibi)
   std::vector<int32_t> host_cu_q, host_cu_k;
 
   Tensors(Device dev, const fa_params& shape, const ProblemSpec& s, bool backward);

@@ -343,6 +343,7 @@ int cmd_run(const RunOptions& o) {
               p.causal ? "causal" : "non-causal", fa_dtype_name(p.dtype), layout_note(spec));
   if (p.window_left >= 0 || p.window_right >= 0) std::printf(", window (%d, %d)", p.window_left, p.window_right);
   if (p.softcap > 0) std::printf(", softcap %g", double(p.softcap));
+  if (p.alibi_slopes) std::printf(", ALiBi");
   if (p.softmax_scale != 0) std::printf(", scale %g", double(p.softmax_scale));
   std::printf("\ndevice  : %s: %s\n", device_flag_name(dev), device_description(dev, threads).c_str());
   if (!scale_note.empty()) std::printf("%s\n", scale_note.c_str());

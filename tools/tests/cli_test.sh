@@ -52,6 +52,13 @@ has run_backward out '^result: ok$'
 expect 2 bad_pass -- run --pass sideways
 has bad_pass err -- '--pass'
 
+# run: ALiBi reaches the library and the reference, forward and backward.
+expect 0 run_alibi -- run --device cpu --pass both --batch 2 --seqlen-q 30 --seqlen-k 45 --heads 4 --heads-kv 2 \
+  --head-dim 16 --alibi --impl fa2
+has run_alibi out 'ALiBi'
+test "$(grep -Ec '^cpu-fa2 .* ok$' "$work/run_alibi.out")" = 2 || fail "run_alibi: cpu-fa2 not ok in both tables"
+has run_alibi out '^result: ok$'
+
 # run: variable length with an empty sequence.
 expect 0 run_varlen -- run --device cpu --varlen 5,0,17 --varlen-k 9,3,17 --heads 2 --head-dim 8 --impl fa2,standard
 has run_varlen out 'packed varlen'
