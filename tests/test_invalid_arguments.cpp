@@ -292,13 +292,19 @@ TEST(InvalidArguments, AlibiSlopes) {
                   {"alibi_slopes_batch_stride", "null"});
   expect_rejected([](Buffers& b) { slopes = {1, 1, 1, 1, 1, 1, std::nanf(""), 1}; b.p.alibi_slopes = slopes.data(); b.p.alibi_slopes_batch_stride = 4; },
                   FA_ERROR_INVALID_ARGUMENT, {"alibi_slopes[1][2]", "finite"});
-  // The GPU kernels do not take ALiBi yet: a clear error on any machine (arguments come before the device).
-  for (fa_impl impl : {FA_IMPL_CUDA_SM80, FA_IMPL_CUDA_SM90, FA_IMPL_CUDA_STANDARD}) {
+  // Of the GPU kernels only the sm80 forward takes ALiBi: a clear error from the others on any machine
+  // (arguments come before the device).
+  for (fa_impl impl : {FA_IMPL_CUDA_SM90, FA_IMPL_CUDA_STANDARD}) {
     Buffers b;
     slopes = {1, 1, 1, 1};
     b.p.alibi_slopes = slopes.data();
     expect_error(fa_forward(&b.p, impl), FA_ERROR_UNSUPPORTED, {"alibi_slopes", fa_impl_name(impl)}, fa_impl_name(impl));
   }
+  Buffers b;
+  slopes = {1, 1, 1, 1};
+  b.p.alibi_slopes = slopes.data();
+  expect_error(fa_backward(&b.p, FA_IMPL_CUDA_SM80), FA_ERROR_UNSUPPORTED, {"alibi_slopes", "backward", "flashattn-sm80"},
+               "sm80 backward");
 }
 
 TEST(InvalidArguments, LeftpadK) {

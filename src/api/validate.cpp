@@ -13,13 +13,13 @@ namespace flashattn {
 
 ImplLimits impl_limits(fa_impl impl) {
   switch (impl) {
-    case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true, true, true, true};
-    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true, true, true};
-    case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true, true, true};
-    case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false, false, false};
-    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true, true, false};
-    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false, false, false};
-    default: return {0, false, false, false, false, false, false, false, false};
+    case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true, true, true, true, true};
+    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true, true, true, false};
+    case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true, true, true, true};
+    case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false, false, false, false};
+    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true, true, true, false};
+    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false, false, false, false};
+    default: return {0, false, false, false, false, false, false, false, false, false};
   }
 }
 
@@ -155,6 +155,8 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
   }
   if (p.alibi_slopes) {
     if (!lim.alibi) return unsupported("alibi_slopes (ALiBi) is not supported by %s", fa_impl_name(impl));
+    if (pass == Pass::Backward && !lim.alibi_backward)
+      return unsupported("alibi_slopes (ALiBi): the backward pass of %s does not take it (its forward does)", fa_impl_name(impl));
     if (p.alibi_slopes_batch_stride < 0)
       return invalid("alibi_slopes_batch_stride must be >= 0 (got %lld)", (long long)p.alibi_slopes_batch_stride);
     if (p.batch > 1 && p.alibi_slopes_batch_stride > 0 && p.alibi_slopes_batch_stride < p.num_heads)

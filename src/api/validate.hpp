@@ -30,7 +30,8 @@ struct ImplLimits {
   bool host_memory;  // pointers must be host memory (the CPU backend); else device memory
   bool seqused_k;    // takes a KV cache's used lengths (fa_params::seqused_k)
   bool paged_kv;     // takes a paged or left-padded KV cache (fa_params::block_table, leftpad_k)
-  bool alibi;        // takes ALiBi slopes (fa_params::alibi_slopes)
+  bool alibi;           // takes ALiBi slopes (fa_params::alibi_slopes) in the forward pass
+  bool alibi_backward;  // ... and in the backward pass
 };
 
 ImplLimits impl_limits(fa_impl impl);

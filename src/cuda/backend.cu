@@ -34,7 +34,8 @@ int current_sm() {
 
 fa_impl best_impl(const fa_params& p, bool backward) {
   if (current_sm() != 90) return FA_IMPL_CUDA_SM80;
-  if (backward) return sm90_backward_supports(p) ? FA_IMPL_CUDA_SM90 : FA_IMPL_CUDA_SM80;
+  // ALiBi: sm80, whose forward takes it (and whose backward says it does not yet).
+  if (backward) return sm90_backward_supports(p) && !p.alibi_slopes ? FA_IMPL_CUDA_SM90 : FA_IMPL_CUDA_SM80;
   if (!sm90_supports(p)) return FA_IMPL_CUDA_SM80;
   // Decode (a few query rows over a long cache) runs the sm80 forward's decode configs: 16-row tiles
   // whose warps split the keys, or 64-row ones (the Hopper ones have 128 or more), and split-KV in

@@ -126,19 +126,21 @@ def test_alibi(dtype, per_sequence, kw, device):
     batch, h, hk, d, sq, sk = 2, 4, 2, 64, 45, 110
     slopes = alibi_slopes(per_sequence, batch, h, device)
     q, k, v = make((batch, sq, h, d), dtype, device), make((batch, sk, hk, d), dtype, device), make((batch, sk, hk, d), dtype, device)
-    if device == "cuda":  # the GPU kernels do not take ALiBi yet: the library's error, naming it
-        with pytest.raises(flashattn_torch.FlashAttnError, match="alibi_slopes"):
-            flash_attn_func(q, k, v, alibi_slopes=slopes, **kw)
-        return
     out, lse, _ = flash_attn_func(q, k, v, alibi_slopes=slopes, return_attn_probs=True, **kw)
     dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
     plain_kw = {"causal": kw.get("causal", False), "window": kw.get("window_size", (-1, -1)),
                 "softcap": kw.get("softcap", 0.0), "alibi_slopes": slopes}
     ref = reference(q, k, v, dout, lambda a, b, c: plain_attention(a, b, c, **plain_kw))
-    plain = plain_sequential(q, k, v, dout, **plain_kw)
-    check_all(out, lse, grads, ref, plain, lse_bound(q, k, ref[1], **plain_kw),
-              gradient_floor(q, k, v, dout, **plain_kw), dtype)
+    plain = plain_sequential(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), **plain_kw)
+    floors = gradient_floor(q, k, v, dout, **plain_kw)
+    if device == "cuda":  # the sm80 forward takes ALiBi; no GPU backward does yet: the library's error, naming it
+        check_rule("out", out, ref[0], plain[0], 2, dtype, floors[0])
+        check_lse(lse, ref[1], lse_bound(q, k, ref[1], **plain_kw))
+        with pytest.raises(flashattn_torch.FlashAttnError, match="alibi_slopes"):
+            torch.autograd.grad(out, (q, k, v), dout)
+        return
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    check_all(out, lse, grads, ref, plain, lse_bound(q, k, ref[1], **plain_kw), floors, dtype)
 
     cu_q = torch.tensor([0, 30, 31], dtype=torch.int32)   # a one-row sequence
     cu_k = torch.tensor([0, 64, 100], dtype=torch.int32)

@@ -89,6 +89,8 @@ FwdParams make_params(const fa_params& p, int splits) {
   f.page_rows = FastDivmod(p.page_block_size);
   f.num_pages = p.num_pages;
   f.leftpad_k = p.leftpad_k;
+  f.alibi_slopes = p.alibi_slopes;
+  f.alibi_slopes_batch_stride = p.alibi_slopes_batch_stride;
   f.batch = p.batch, f.seqlen_q = p.seqlen_q, f.seqlen_k = p.seqlen_k;
   f.num_heads = p.num_heads, f.num_heads_kv = p.num_heads_kv, f.head_dim = p.head_dim;
   f.group = p.num_heads / p.num_heads_kv;
@@ -112,10 +114,11 @@ FwdParams make_params(const fa_params& p, int splits) {
 // Decode with GQA (one query row, num_heads / num_heads_kv > 1): the q heads of a kv head become the
 // rows of one q-block, so each k/v block is read once per kv head instead of once per q head
 // (the same tensors seen with other strides: row i of kv head hk is q head hk * group + i).
-// A single query row is masked only by window_left, which this view would shift, so it is excluded.
+// A single query row is masked only by window_left, which this view would shift, so it is excluded;
+// so is ALiBi, whose slope is the q head's and whose distance is the query row's.
 fa_params gqa_decode_view(const fa_params& p) {
   const int group = p.num_heads / p.num_heads_kv;
-  if (p.seqlen_q != 1 || group == 1 || is_varlen(p) || p.window_left >= 0) return p;
+  if (p.seqlen_q != 1 || group == 1 || is_varlen(p) || p.window_left >= 0 || p.alibi_slopes) return p;
   fa_params v = p;
   v.seqlen_q = group;
   v.num_heads = p.num_heads_kv;
@@ -127,9 +130,11 @@ fa_params gqa_decode_view(const fa_params& p) {
 }
 
 // The config whose q-blocks the split count is chosen for: the table's (the decode and few-rows
-// tiles hold one q-block as it does), or a paged or left-padded cache's decode tiles at any number of rows.
+// tiles hold one q-block as it does), or the general instance's decode tiles at any number of rows (a
+// paged or left-padded cache, ALiBi).
 FwdConfig split_config(const fa_params& p, int kernel_head_dim) {
-  return p.block_table || p.leftpad_k ? sm80::fwd_decode_config(kernel_head_dim) : sm80::fwd_config(kernel_head_dim);
+  return p.block_table || p.leftpad_k || p.alibi_slopes ? sm80::fwd_decode_config(kernel_head_dim)
+                                                        : sm80::fwd_config(kernel_head_dim);
 }
 
 // The kernel head dim of p (after gqa_decode_view) when its sm80 forward kernel was built, else 0.

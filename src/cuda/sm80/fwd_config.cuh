@@ -168,6 +168,8 @@ struct FwdParams {
   float* o_partial;    // (num_splits, num_rows, num_heads, head_dim)
   float* lse_partial;  // (num_splits, num_heads, num_rows)
   const int32_t* leftpad_k;  // a left-padded KV cache: sequence b's keys start at row leftpad_k[b]
+  const float* alibi_slopes;  // ALiBi: s -= slope * |i + seqlen_k - seqlen_q - j|, slope [b * stride + head]
+  int64_t alibi_slopes_batch_stride;
 };
 
 }  // namespace flashattn::sm80
