@@ -16,6 +16,14 @@ std::vector<Case> sm80_backward_cases() {
   std::vector<Case> out;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
     for (const Case& c : fa_test::standard_backward_cases(dt, 256)) out.push_back(c);
+    // ALiBi: the 2D kernels' softcap instance (head_dim 64, 128) and the 1D kernel's general path (the
+    // others, 192 and 256 with head_dim split across 2 CTAs).
+    for (const Case& c : fa_test::alibi_cases(dt, true)) out.push_back(c);
+    for (int d : {192, 256}) {
+      Case c = make_case(dt, 2, 150, 211, 4, 2, d);
+      c.alibi = 2, c.alibi_max_slope = 0.5f, c.causal = true;
+      out.push_back(c);
+    }
     // Several k-blocks (128 keys each at head_dim <= 128, 64 above) and q-blocks (64 rows).
     for (int d : {32, 64, 96, 128, 192, 256}) {
       Case c = make_case(dt, 1, 200, 333, 4, 2, d);
@@ -79,6 +87,9 @@ std::vector<Case> sm80_deterministic_cases() {
       c.causal = true;
       out.push_back(c);
     }
+    Case a = make_case(dt, 2, 256, 700, 4, 2, 128);  // ALiBi through the deterministic dQ path
+    a.deterministic = true, a.alibi = 1;
+    out.push_back(a);
     Case c = make_case(dt, 1, 1, 1, 4, 1, 64);
     c.deterministic = true, c.causal = true, c.window_left = 100;
     c.seqlens_q = {700, 0, 300}, c.seqlens_k = {900, 50, 290};

@@ -6,7 +6,6 @@ import torch
 from attn_reference import (DEVICES, check_lse, check_rule, gradient_floor, gradient_floor_varlen, lse_bound,
                             lse_bound_varlen, plain_attention, plain_sequential, plain_sequential_varlen, plain_varlen,
                             skip_unsupported)
-import flashattn_torch
 from flashattn_torch import flash_attn_func, flash_attn_varlen_func
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -133,22 +132,17 @@ def test_alibi(dtype, per_sequence, kw, device):
     ref = reference(q, k, v, dout, lambda a, b, c: plain_attention(a, b, c, **plain_kw))
     plain = plain_sequential(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), **plain_kw)
     floors = gradient_floor(q, k, v, dout, **plain_kw)
-    if device == "cuda":  # the sm80 forward takes ALiBi; no GPU backward does yet: the library's error, naming it
-        check_rule("out", out, ref[0], plain[0], 2, dtype, floors[0])
-        check_lse(lse, ref[1], lse_bound(q, k, ref[1], **plain_kw))
-        with pytest.raises(flashattn_torch.FlashAttnError, match="alibi_slopes"):
-            torch.autograd.grad(out, (q, k, v), dout)
-        return
     grads = torch.autograd.grad(out, (q, k, v), dout)
     check_all(out, lse, grads, ref, plain, lse_bound(q, k, ref[1], **plain_kw), floors, dtype)
 
-    cu_q = torch.tensor([0, 30, 31], dtype=torch.int32)   # a one-row sequence
-    cu_k = torch.tensor([0, 64, 100], dtype=torch.int32)
+    cu_q = torch.tensor([0, 30, 31], dtype=torch.int32, device=device)  # a one-row sequence
+    cu_k = torch.tensor([0, 64, 100], dtype=torch.int32, device=device)
     q, k, v = make((31, h, d), dtype, device), make((100, hk, d), dtype, device), make((100, hk, d), dtype, device)
     out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 64, alibi_slopes=slopes, return_attn_probs=True, **kw)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
+    cu_q, cu_k = cu_q.cpu(), cu_k.cpu()
     ref = reference(q, k, v, dout, lambda a, b, c: plain_varlen(a, b, c, cu_q, cu_k, **plain_kw))
-    plain = plain_sequential_varlen(q, k, v, dout, cu_q, cu_k, **plain_kw)
+    plain = plain_sequential_varlen(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), cu_q, cu_k, **plain_kw)
     check_all(out, lse, grads, ref, plain, lse_bound_varlen(q, k, ref[1], cu_q, cu_k, **plain_kw),
               gradient_floor_varlen(q, k, v, dout, cu_q, cu_k, **plain_kw), dtype)

@@ -207,6 +207,8 @@ struct BwdParams {
   // task_pairs, the k-block slowest within a group (causal_task_group: the longest tasks of a group first).
   int32_t task_group, task_pairs;
   FastDivmod task_group_div, group_pairs_div;  // by task_group * num_n_blocks, task_group
+  const float* alibi_slopes;  // ALiBi (null: off): slope of sequence b, query head h at [b * stride + h]
+  int64_t alibi_slopes_batch_stride;
 };
 
 }  // namespace flashattn::sm80

@@ -431,8 +431,12 @@ Status launch_bwd_convert_dq(const BwdParams& bp, cudaStream_t stream) {
 
 // The element mask of a boundary block for one thread's fragment: key row row0 (+8), query column
 // col0 + nt * 8 (+1) in block coordinates; visible iff lo <= row - col <= hi, row < rows_k, col < cols_q.
+// ALiBi (alibi_slope_log2 != 0; taken by the general path of kSoftcap instances): the scores get
+// -slope * |alibi_diag - (row - col)|, alibi_diag the block's diagonal (seqlen_k - seqlen_q - (n0 - m0)).
 struct BandMask {
   int row0, col0, lo, hi, rows_k, cols_q;
+  int alibi_diag = 0;
+  float alibi_slope_log2 = 0.f;  // slope * log2 e
   __device__ __forceinline__ bool visible(int row, int col) const {
     return row - col >= lo && row - col <= hi && row < rows_k && col < cols_q;
   }
@@ -467,6 +471,8 @@ template <bool kGeneral, int kTiles, bool kSoftcap = true>
 __device__ __forceinline__ void probs_and_grads(float (&s)[kTiles][4], float (&dp)[kTiles][4], const float* lse_cols,
                                                 const float* dsum_cols, const BwdParams& p, const BandMask& band,
                                                 bool masked) {
+  // ALiBi's distance |diag - (row - col)| at the fragment's first element; the others differ by constants.
+  const float alibi_first = float(band.alibi_diag - band.row0 + band.col0);
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt) {
     const float2 l = *reinterpret_cast<const float2*>(lse_cols + nt * 8);
@@ -475,13 +481,17 @@ __device__ __forceinline__ void probs_and_grads(float (&s)[kTiles][4], float (&d
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = e & 1;
+      // ALiBi's bias in log2 units, 0 without it (a constant: dS keeps its formula).
+      const float bias = kGeneral && kSoftcap && band.alibi_slope_log2 != 0.f
+                             ? band.alibi_slope_log2 * fabsf(alibi_first + float(nt * 8 + j - 8 * (e >> 1)))
+                             : 0.f;
       float pv, ds;
       if (kGeneral && kSoftcap && p.softcap > 0.f) {
         const float th = tanhf(s[nt][e] * p.softcap_inv);
-        pv = exp2_fast(p.softcap * kLog2e * th - lse_log2[j]);
+        pv = exp2_fast(p.softcap * kLog2e * th - bias - lse_log2[j]);
         ds = pv * (dp[nt][e] - dsum[j]) * (1.f - th * th);
       } else {
-        pv = exp2_fast(s[nt][e] * p.scale_log2 - lse_log2[j]);
+        pv = exp2_fast(s[nt][e] * p.scale_log2 - bias - lse_log2[j]);
         ds = pv * (dp[nt][e] - dsum[j]);
       }
       if (kGeneral && masked && !band.visible(band.row0 + 8 * (e >> 1), band.col0 + nt * 8 + j)) pv = ds = 0.f;
@@ -597,6 +607,9 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
     const bool need_mask = bb.need_mask;
     const int band_lo = bb.lo, band_hi = bb.hi;
     const int rows_k = seqlen_k - n0, cols_q = seqlen_q - m0;
+    // ALiBi: query head h's slope (0: none) and the block's diagonal (key row - query column).
+    const float alibi_slope_log2 = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_slopes_batch_stride + h] * kLog2e : 0.f;
+    const int alibi_diag = seqlen_k - seqlen_q - (n0 - m0);
     const float* lse_s = sLse + buf * kBlockM;
     const float* dsum_s = sD + buf * kBlockM;
 
@@ -629,10 +642,11 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
       }
 
       // P^T and dS^T in place of S^T and dP^T.
-      const BandMask band{warp_row + g, c0 + 2 * t, band_lo, band_hi, rows_k, cols_q};
+      const BandMask band{warp_row + g, c0 + 2 * t, band_lo, band_hi, rows_k, cols_q, alibi_diag, alibi_slope_log2};
       const float* lse_cols = lse_s + c0 + 2 * t;  // this thread's query columns: + nt * 8 + {0, 1}
       const float* dsum_cols = dsum_s + c0 + 2 * t;
-      if (need_mask || p.softcap > 0.f) probs_and_grads<true>(s, dp, lse_cols, dsum_cols, p, band, need_mask);
+      if (need_mask || p.softcap > 0.f || alibi_slope_log2 != 0.f)
+        probs_and_grads<true>(s, dp, lse_cols, dsum_cols, p, band, need_mask);
       else probs_and_grads<false>(s, dp, lse_cols, dsum_cols, p, band, false);
 
       // Packed once: A fragments of dV += P^T dO_i and dK += dS^T Q_i, and dS^T for dQ in shared memory.

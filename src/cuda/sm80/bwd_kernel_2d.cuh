@@ -316,15 +316,20 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     gemm_st(s, 0, q_buf);
     gemm_st(dp, kVOff, q_buf + kDoOff);
 
+    // ALiBi (the softcap instance only): query head h's slope (0: none), the block's diagonal.
+    float alibi_slope_log2 = 0.f;
+    if constexpr (kSoftcap)
+      if (p.alibi_slopes) alibi_slope_log2 = p.alibi_slopes[b * p.alibi_slopes_batch_stride + h] * kLog2e;
+    const int alibi_diag = seqlen_k - seqlen_q - (n0 - m0);
     // P^T, dS^T in place, then to shared memory as 16-bit.
     const float* lse_cols = sLse + buf * kBlockM + sq0 + 2 * t;  // + nt * 8 + {0, 1}
     const float* dsum_cols = sD + buf * kBlockM + sq0 + 2 * t;
 #pragma unroll
     for (int mi = 0; mi < kSMi; ++mi) {
-      const BandMask band{skey0 + mi * 16 + g, sq0 + 2 * t, band_lo, band_hi, rows_k, cols_q};
+      const BandMask band{skey0 + mi * 16 + g, sq0 + 2 * t, band_lo, band_hi, rows_k, cols_q, alibi_diag, alibi_slope_log2};
       // Softcap is a kernel instance of its own: with the softcap test inside the masked blocks' body
       // (a branch per element), causal 512-2k keys measured 3-9% slower; a third body in the same
-      // kernel cost the unmasked loop 1-2.5% (dev/sm80bwd/NOTES.md, session 11).
+      // kernel cost the unmasked loop 1-2.5% (dev/sm80bwd/NOTES.md, session 11). ALiBi runs there too.
       if constexpr (kSoftcap) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
       else if (need_mask) probs_and_grads<true, 2 * kSNp, false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, true);
       else probs_and_grads<false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, false);

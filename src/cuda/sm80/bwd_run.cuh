@@ -7,7 +7,8 @@
 
 namespace flashattn::sm80 {
 
-// The 2D main kernel (layout 1), one instance per softcap (bwd_kernel_2d.cuh).
+// The 2D main kernel (layout 1), one instance per softcap (bwd_kernel_2d.cuh); ALiBi takes the softcap
+// instance, whose general path adds its bias.
 template <class T, int kHeadDim, bool kSoftcap>
 Status launch_bwd_main_2d(const BwdParams& bp, cudaStream_t stream) {
   using Tr = Bwd2dTraits<T, kHeadDim>;
@@ -31,7 +32,7 @@ Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores)
   FA_RETURN_IF_ERROR((launch_bwd_preprocess<T, kHeadDim>(bp, stream, num_semaphores)));
   if (bp.seqlen_k > 0) {
     if constexpr (kConfig.layout == 1) {
-      FA_RETURN_IF_ERROR((bp.softcap > 0.f ? launch_bwd_main_2d<T, kHeadDim, true>(bp, stream)
+      FA_RETURN_IF_ERROR((bp.softcap > 0.f || bp.alibi_slopes ? launch_bwd_main_2d<T, kHeadDim, true>(bp, stream)
                                            : launch_bwd_main_2d<T, kHeadDim, false>(bp, stream)));
     } else {
       using Tr = BwdTraits<T, kHeadDim>;
