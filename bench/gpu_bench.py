@@ -269,15 +269,17 @@ DECODE_SETS = [(16, 16, [(b, sk) for b in (1, 4, 16) for sk in (4096, 16384, 655
 
 def paged_cache(k, v, page, gen):
     """k, v (batch, seqlen_k, heads_kv, d) as a paged KV cache: pools of pages of `page` rows in a random
-    order, the table (batch, seqlen_k / page) int32, and the fa_params fields that describe them."""
+    order, the table (batch, ceil(seqlen_k / page)) int32, and the fa_params fields that describe them."""
     b, sk, hk, d = k.shape
-    per_seq = sk // page
+    per_seq = -(-sk // page)  # the last page of a sequence partly used when page does not divide sk
     order = torch.randperm(b * per_seq, device=k.device, generator=gen)
     table = order.view(b, per_seq).to(torch.int32).contiguous()
     pools = []
     for x in (k, v):
-        pool = torch.empty(b * per_seq, page, hk, d, device=x.device, dtype=x.dtype)
-        pool[order] = x.reshape(b * per_seq, page, hk, d)
+        pool = torch.zeros(b * per_seq, page, hk, d, device=x.device, dtype=x.dtype)
+        whole = torch.zeros(b, per_seq * page, hk, d, device=x.device, dtype=x.dtype)
+        whole[:, :sk] = x
+        pool[order] = whole.reshape(b * per_seq, page, hk, d)
         pools.append(pool)
     fields = dict(block_table=table.data_ptr(), block_table_batch_stride=per_seq, page_block_size=page,
                   num_pages=b * per_seq, seqlen_k=sk)

@@ -20,9 +20,10 @@ std::vector<Case> sm80_forward_cases() {
     for (const Case& c : fa_test::kv_cache_cases(dt)) out.push_back(c);    // seqused_k
     for (const Case& c : fa_test::leftpad_kv_cases(dt)) out.push_back(c);  // leftpad_k
     for (const Case& c : fa_test::alibi_cases(dt, false)) out.push_back(c);  // ALiBi (the general instance)
-    // block_table: pages holding whole key blocks (256; 64 at head_dim <= 128 but 64's block_n 128), and
-    // pages looked up a row at a time (16, 7).
-    for (const Case& c : fa_test::paged_kv_cases(dt, {256, 64, 16, 7})) out.push_back(c);
+    // block_table: pages holding whole key blocks (256; 64 at head_dim <= 128 but 64's block_n 128),
+    // pages looked up a row at a time (16, 7), and pages of both kinds of block (100: a block inside a
+    // page takes one lookup, one across two a lookup per row).
+    for (const Case& c : fa_test::paged_kv_cases(dt, {256, 64, 16, 7, 100})) out.push_back(c);
     // Split-KV: forced splits over a few key blocks each, causal and windowed; then the heuristic's
     // own choice on a decode-like problem (one q-block per head, long keys, GQA).
     Case s;

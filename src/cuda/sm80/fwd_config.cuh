@@ -146,8 +146,8 @@ struct FwdParams {
   const int32_t* cu_seqlens_k;
   const int32_t* seqused_k;  // a KV cache's used keys per sequence (nullptr: seqlen_k)
   // A paged KV cache (nullptr: none): k and v are (num_pages, page_block_size, heads_kv, head_dim)
-  // pools, the batch strides the page strides. Pages of a multiple of block_n rows: a table lookup a
-  // key block; other sizes: one a row.
+  // pools, the batch strides the page strides. A key block inside one page (every block, with pages of
+  // a multiple of block_n rows) takes one table lookup; a block across pages a page per row.
   const int32_t* block_table;  // (batch, block_table_batch_stride) page indices
   int64_t block_table_batch_stride;
   FastDivmod page_rows;  // by page_block_size

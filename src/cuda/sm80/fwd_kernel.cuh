@@ -310,7 +310,12 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   auto load_kv = [&](T* tile, const T* head, int64_t page_stride, int64_t row_stride, int n_block) {
     if (paged) {
       const int32_t* table = p.block_table + batch * p.block_table_batch_stride;
-      if (p.page_rows.divisor % kBlockN != 0) {  // pages of fewer rows than a block, or straddling blocks
+      // Key block j: rows [j * block_n, ..) of the sequence. Inside one page (always, with pages of a
+      // multiple of block_n; every block with one page a sequence, as cache_batch_idx makes): one lookup.
+      int page_index;
+      const int page_row0 = p.page_rows.divmod(n_block * kBlockN, page_index);
+      const int block_rows = min(kBlockN, seqlen_k - n_block * kBlockN);
+      if (page_row0 + block_rows > int(p.page_rows.divisor)) {  // across pages: a page per row
         if (p.aligned)
           load_paged_rows<kBlockN, kHeadDim, kThreads, true>(tile, head, table, p.page_rows, p.num_pages, page_stride,
                                                              row_stride, n_block * kBlockN, seqlen_k, p.head_dim);
@@ -319,11 +324,9 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
                                                               row_stride, n_block * kBlockN, seqlen_k, p.head_dim);
         return;
       }
-      // Key block j: rows [j * block_n, ..) of the sequence, all in one page. The head's base moves
-      // there, less the rows before the block, so the loads' row offsets stay the sequence's (the
-      // table's entry clamped into the pools: a device table is not validated).
-      int page_index;
-      const int page_row0 = p.page_rows.divmod(n_block * kBlockN, page_index);
+      // The head's base moves to the block's page, less the rows before the block, so the loads' row
+      // offsets stay the sequence's (the table's entry clamped into the pools: a device table is not
+      // validated).
       const int page = min(max(table[page_index], 0), p.num_pages - 1);
       head += page * page_stride + int64_t(page_row0 - n_block * kBlockN) * row_stride;
     }
