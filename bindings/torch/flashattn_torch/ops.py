@@ -108,11 +108,16 @@ def _check_alibi(q, alibi_slopes, batch):
                          f"{tuple(alibi_slopes.shape)}, {alibi_slopes.device})")
 
 
-def _set_alibi(p, alibi_slopes):
-    """fa_params.alibi_slopes from a checked, contiguous slopes tensor (None: off); batch stride 0 for (nheads,)."""
-    if alibi_slopes is not None:
-        p.alibi_slopes = alibi_slopes.data_ptr()
-        p.alibi_slopes_batch_stride = alibi_slopes.shape[-1] if alibi_slopes.dim() == 2 else 0
+def _set_alibi(p, q, alibi_slopes):
+    """fa_params.alibi_slopes (None: off; batch stride 0 for (nheads,)) after _check_alibi against p.batch.
+    Returns the contiguous slopes the call reads, for the caller to hold until it has run."""
+    if alibi_slopes is None:
+        return None
+    _check_alibi(q, alibi_slopes, p.batch)
+    alibi_slopes = alibi_slopes.contiguous()
+    p.alibi_slopes = alibi_slopes.data_ptr()
+    p.alibi_slopes_batch_stride = alibi_slopes.shape[-1] if alibi_slopes.dim() == 2 else 0
+    return alibi_slopes
 
 
 def _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
@@ -191,10 +196,7 @@ def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor]
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     p = _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                 window_left, window_right, softcap, deterministic)
-    if alibi_slopes is not None:
-        _check_alibi(q, alibi_slopes, p.batch)
-        alibi_slopes = alibi_slopes.contiguous()
-        _set_alibi(p, alibi_slopes)
+    alibi_slopes = _set_alibi(p, q, alibi_slopes)
     return _forward(p, q, k, v, varlen)
 
 
@@ -229,9 +231,7 @@ def backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
             t.fill_(float("nan"))
     p = _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                 window_left, window_right, softcap, deterministic)
-    if alibi_slopes is not None:
-        alibi_slopes = alibi_slopes.contiguous()  # checked by the forward
-        _set_alibi(p, alibi_slopes)
+    alibi_slopes = _set_alibi(p, q, alibi_slopes)
     for name, t in (("q", q), ("k", k), ("v", v), ("o", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         _set_tensor(p, name, t)
     p.lse = lse.data_ptr()
@@ -288,10 +288,7 @@ def kvcache_forward_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_used
         cache_leftpad = _per_sequence("cache_leftpad", q, cache_leftpad)
     p = _params(q, k_cache, None, None, 0, 0, softmax_scale, causal, window_left, window_right, softcap, False)
     p.num_splits = num_splits
-    if alibi_slopes is not None:
-        _check_alibi(q, alibi_slopes, q.shape[0])
-        alibi_slopes = alibi_slopes.contiguous()
-        _set_alibi(p, alibi_slopes)
+    alibi_slopes = _set_alibi(p, q, alibi_slopes)
     if cache_used is not None:
         p.seqused_k = cache_used.data_ptr()
     if cache_leftpad is not None:

@@ -202,3 +202,11 @@ def test_fully_masked_rows_give_zero_out_and_minus_inf_lse():
     out, lse, _ = flash_attn_func(q, k, k, causal=True, return_attn_probs=True)  # rows 0..3 see no key
     assert torch.equal(out[:, :4], torch.zeros_like(out[:, :4]))
     assert torch.isneginf(lse[..., :4]).all() and torch.isfinite(lse[..., 4:]).all()
+
+
+def test_alibi_slopes_of_the_wrong_shape_dtype_or_device_raise():
+    q = rand(2, 8, 4, 32)
+    for slopes in (torch.ones(3), torch.ones(2, 3), torch.ones(4, dtype=torch.float64), torch.ones(3, 4)):
+        with pytest.raises(ValueError, match="alibi_slopes"):
+            flash_attn_func(q, q, q, alibi_slopes=slopes)
+    flash_attn_func(q, q, q, alibi_slopes=torch.ones(2, 4))  # (batch, nheads) is accepted
