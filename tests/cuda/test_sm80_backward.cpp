@@ -16,8 +16,8 @@ std::vector<Case> sm80_backward_cases() {
   std::vector<Case> out;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
     for (const Case& c : fa_test::standard_backward_cases(dt, 256)) out.push_back(c);
-    // ALiBi: the 2D kernels' softcap instance (head_dim 64, 128) and the 1D kernel's general path (the
-    // others, 192 and 256 with head_dim split across 2 CTAs).
+    // ALiBi: the main kernels' score-mod instances, 2D (head_dim 64, 128) and 1D (the others, 192 and 256
+    // with head_dim split across 2 CTAs).
     for (const Case& c : fa_test::alibi_cases(dt, true)) out.push_back(c);
     for (int d : {192, 256}) {
       Case c = make_case(dt, 2, 150, 211, 4, 2, d);
@@ -46,7 +46,7 @@ std::vector<Case> sm80_backward_cases() {
       c.window_right = -1, c.causal = true;
       out.push_back(c);
     }
-    for (int d : {64, 128}) {  // softcap is a kernel instance of its own: several blocks, masked and not
+    for (int d : {32, 64, 96, 128, 192, 256}) {  // softcap: the score-mod instance; blocks masked and not
       c = make_case(dt, 1, 300, 333, 4, 2, d);
       c.softcap = 10.f;
       out.push_back(c);

@@ -431,7 +431,7 @@ Status launch_bwd_convert_dq(const BwdParams& bp, cudaStream_t stream) {
 
 // The element mask of a boundary block for one thread's fragment: key row row0 (+8), query column
 // col0 + nt * 8 (+1) in block coordinates; visible iff lo <= row - col <= hi, row < rows_k, col < cols_q.
-// ALiBi (alibi_slope_log2 != 0; taken by the general path of kSoftcap instances): the scores get
+// ALiBi (alibi_slope_log2 != 0; in the general path of the kScoreMod instances): the scores get
 // -slope * |alibi_diag - (row - col)|, alibi_diag the block's diagonal (seqlen_k - seqlen_q - (n0 - m0)).
 struct BandMask {
   int row0, col0, lo, hi, rows_k, cols_q;
@@ -465,9 +465,9 @@ __device__ __forceinline__ BlockBand block_band(const Mask& mask, int seqlen_q, 
 // P^T = exp2(S^T * scale * log2 e - lse * log2 e) and dS^T = P^T * (dP^T - D) [* (1 - tanh^2)] in place
 // of s and dp (n8 tiles x 4 fragment elements: element e is row row0 + 8 (e / 2), column + e % 2).
 // kGeneral = false is the common path (no softcap, interior block): no per-element branch.
-// kSoftcap = false leaves the softcap out of the general path (the caller branches on it once).
+// kScoreMod = false leaves the softcap and ALiBi out of the general path (the mask alone).
 // lse_cols, dsum_cols: lse and D of the thread's columns (shared memory, + nt * 8 + {0, 1}).
-template <bool kGeneral, int kTiles, bool kSoftcap = true>
+template <bool kGeneral, int kTiles, bool kScoreMod = true>
 __device__ __forceinline__ void probs_and_grads(float (&s)[kTiles][4], float (&dp)[kTiles][4], const float* lse_cols,
                                                 const float* dsum_cols, const BwdParams& p, const BandMask& band,
                                                 bool masked) {
@@ -482,11 +482,11 @@ __device__ __forceinline__ void probs_and_grads(float (&s)[kTiles][4], float (&d
     for (int e = 0; e < 4; ++e) {
       const int j = e & 1;
       // ALiBi's bias in log2 units, 0 without it (a constant: dS keeps its formula).
-      const float bias = kGeneral && kSoftcap && band.alibi_slope_log2 != 0.f
+      const float bias = kGeneral && kScoreMod && band.alibi_slope_log2 != 0.f
                              ? band.alibi_slope_log2 * fabsf(alibi_first + float(nt * 8 + j - 8 * (e >> 1)))
                              : 0.f;
       float pv, ds;
-      if (kGeneral && kSoftcap && p.softcap > 0.f) {
+      if (kGeneral && kScoreMod && p.softcap > 0.f) {
         const float th = tanhf(s[nt][e] * p.softcap_inv);
         pv = exp2_fast(p.softcap * kLog2e * th - bias - lse_log2[j]);
         ds = pv * (dp[nt][e] - dsum[j]) * (1.f - th * th);
@@ -517,7 +517,9 @@ struct BwdTraits {
   static_assert(kSmemBytes == 2 * TileKV::kBytes + 2 * 2 * TileQ::kBytes + TileDs::kBytes + 2 * 2 * kBlockM * 4);
 };
 
-template <class T, int kHeadDim>
+// kScoreMod: the instance for softcapped or ALiBi scores (bp.softcap > 0 or bp.alibi_slopes), whose every
+// block takes the general path; the other one's general path is the mask alone.
+template <class T, int kHeadDim, bool kScoreMod>
 __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T, kHeadDim>::kConfig.ctas_per_sm)
     bwd_main_kernel(const BwdParams p) {
   using Tr = BwdTraits<T, kHeadDim>;
@@ -607,9 +609,10 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
     const bool need_mask = bb.need_mask;
     const int band_lo = bb.lo, band_hi = bb.hi;
     const int rows_k = seqlen_k - n0, cols_q = seqlen_q - m0;
-    // ALiBi: query head h's slope (0: none) and the block's diagonal (key row - query column).
-    const float alibi_slope_log2 = p.alibi_slopes ? p.alibi_slopes[b * p.alibi_slopes_batch_stride + h] * kLog2e : 0.f;
-    const int alibi_diag = seqlen_k - seqlen_q - (n0 - m0);
+    // ALiBi: query head h's slope (0: none).
+    float alibi_slope_log2 = 0.f;
+    if constexpr (kScoreMod)
+      if (p.alibi_slopes) alibi_slope_log2 = p.alibi_slopes[b * p.alibi_slopes_batch_stride + h] * kLog2e;
     const float* lse_s = sLse + buf * kBlockM;
     const float* dsum_s = sD + buf * kBlockM;
 
@@ -642,11 +645,13 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
       }
 
       // P^T and dS^T in place of S^T and dP^T.
-      const BandMask band{warp_row + g, c0 + 2 * t, band_lo, band_hi, rows_k, cols_q, alibi_diag, alibi_slope_log2};
+      BandMask band{warp_row + g, c0 + 2 * t, band_lo, band_hi, rows_k, cols_q};
+      if constexpr (kScoreMod)  // ALiBi's diagonal: key row - query column at distance 0
+        band.alibi_diag = seqlen_k - seqlen_q - (n0 - m0), band.alibi_slope_log2 = alibi_slope_log2;
       const float* lse_cols = lse_s + c0 + 2 * t;  // this thread's query columns: + nt * 8 + {0, 1}
       const float* dsum_cols = dsum_s + c0 + 2 * t;
-      if (need_mask || p.softcap > 0.f || alibi_slope_log2 != 0.f)
-        probs_and_grads<true>(s, dp, lse_cols, dsum_cols, p, band, need_mask);
+      if constexpr (kScoreMod) probs_and_grads<true>(s, dp, lse_cols, dsum_cols, p, band, need_mask);
+      else if (need_mask) probs_and_grads<true, kMTiles, false>(s, dp, lse_cols, dsum_cols, p, band, true);
       else probs_and_grads<false>(s, dp, lse_cols, dsum_cols, p, band, false);
 
       // Packed once: A fragments of dV += P^T dO_i and dK += dS^T Q_i, and dS^T for dQ in shared memory.

@@ -122,7 +122,7 @@ struct Bwd2dTraits {
   static_assert(kSmemBytes + kDqStageBytes <= 227 * 1024, "the staging tile must fit the H100's shared memory");
 };
 
-template <class T, int kHeadDim, bool kSoftcap>
+template <class T, int kHeadDim, bool kScoreMod>
 __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTraits<T, kHeadDim>::kConfig.ctas_per_sm)
     bwd_main_2d_kernel(const BwdParams p) {
   using Tr = Bwd2dTraits<T, kHeadDim>;
@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
 
     // ALiBi (the softcap instance only): query head h's slope (0: none), the block's diagonal.
     float alibi_slope_log2 = 0.f;
-    if constexpr (kSoftcap)
+    if constexpr (kScoreMod)
       if (p.alibi_slopes) alibi_slope_log2 = p.alibi_slopes[b * p.alibi_slopes_batch_stride + h] * kLog2e;
     const int alibi_diag = seqlen_k - seqlen_q - (n0 - m0);
     // P^T, dS^T in place, then to shared memory as 16-bit.
@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       // Softcap is a kernel instance of its own: with the softcap test inside the masked blocks' body
       // (a branch per element), causal 512-2k keys measured 3-9% slower; a third body in the same
       // kernel cost the unmasked loop 1-2.5% (dev/sm80bwd/NOTES.md, session 11). ALiBi runs there too.
-      if constexpr (kSoftcap) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
+      if constexpr (kScoreMod) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
       else if (need_mask) probs_and_grads<true, 2 * kSNp, false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, true);
       else probs_and_grads<false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, false);
     }
