@@ -7,7 +7,7 @@ As in flash_attn, return_attn_probs=True returns (out, softmax_lse, S_dmask) whe
 None unless dropout_p > 0; this library has no dropout, so it is always None here. Arguments the
 library does not implement (dropout_p > 0, block_table outside flash_attn_with_kvcache) raise
 NotImplementedError naming them; nothing is silently ignored. alibi_slopes (fp32 (nheads,) or (batch, nheads))
-runs on the CPU backends; the CUDA kernels do not take it yet and raise the library's error.
+runs forward and backward on the CPU and on the GPU (the library's sm80 kernels).
 """
 
 import torch
@@ -134,7 +134,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_leftpad[b] (the rows before are never read; masks align to the keys from there; cache_seqlens
     stays the end row, where new k, v go, and the rotary positions are cache rows). Returns out like q; with
     return_softmax_lse, (out, softmax_lse (batch, nheads, seqlen_q) fp32). alibi_slopes (fp32 (nheads,) or
-    (batch, nheads)): ALiBi over the keys attended to, CPU backends only (as flash_attn_func)."""
+    (batch, nheads)): ALiBi over the keys attended to (as flash_attn_func)."""
     if cache_leftpad is not None:
         cache_leftpad = cache_leftpad.to(device=q.device, dtype=torch.int32)
     if (k is None) != (v is None):
