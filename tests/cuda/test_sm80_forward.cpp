@@ -19,7 +19,19 @@ std::vector<Case> sm80_forward_cases() {
     for (const Case& c : fa_test::standard_forward_cases(dt, 256)) out.push_back(c);
     for (const Case& c : fa_test::kv_cache_cases(dt)) out.push_back(c);    // seqused_k
     for (const Case& c : fa_test::leftpad_kv_cases(dt)) out.push_back(c);  // leftpad_k
-    for (const Case& c : fa_test::alibi_cases(dt, false)) out.push_back(c);  // ALiBi (the general instance)
+    // ALiBi: the general instance (up to 16 query rows, or with a KV cache) and the ALiBi instance of
+    // the table's tiles; the latter over several q- and k-blocks, causal, windowed, softcapped, varlen.
+    for (const Case& c : fa_test::alibi_cases(dt, false)) out.push_back(c);
+    for (int d : {32, 64, 128, 256}) {
+      Case a = fa_test::make_case(dt, 2, 300, 333, 4, 2, d);
+      a.alibi = 2, a.alibi_max_slope = 0.5f;
+      out.push_back(a);
+      a.causal = true;
+      out.push_back(a);
+    }
+    Case a = fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 4, 4, 96), {200, 17, 0, 130}, {180, 300, 40, 1});
+    a.alibi = 1, a.alibi_max_slope = 1.f, a.softcap = 5.f, a.window_left = 100, a.window_right = 20;
+    out.push_back(a);
     // block_table: pages holding whole key blocks (256; 64 at head_dim <= 128 but 64's block_n 128),
     // pages looked up a row at a time (16, 7), and pages of both kinds of block (100: a block inside a
     // page takes one lookup, one across two a lookup per row).

@@ -131,10 +131,11 @@ fa_params gqa_decode_view(const fa_params& p) {
 
 // The config whose q-blocks the split count is chosen for: the table's (the decode and few-rows
 // tiles hold one q-block as it does), or the general instance's decode tiles at any number of rows (a
-// paged or left-padded cache, ALiBi).
+// paged or left-padded cache, ALiBi over few rows).
 FwdConfig split_config(const fa_params& p, int kernel_head_dim) {
-  return p.block_table || p.leftpad_k || p.alibi_slopes ? sm80::fwd_decode_config(kernel_head_dim)
-                                                        : sm80::fwd_config(kernel_head_dim);
+  const bool general = sm80::fwd_variant(p.block_table || p.leftpad_k, p.alibi_slopes != nullptr, p.seqlen_q,
+                                         kernel_head_dim) == sm80::FwdVariant::kGeneral;
+  return general ? sm80::fwd_decode_config(kernel_head_dim) : sm80::fwd_config(kernel_head_dim);
 }
 
 // The kernel head dim of p (after gqa_decode_view) when its sm80 forward kernel was built, else 0.

@@ -17,6 +17,11 @@ struct FwdConfig {
   int stages;    // 2: K and V of block j+1 load during block j; 1: V_j loads during S_j, K_{j+1} during P_j V_j
 };
 
+// The kernel's instances beside the plain one: kAlibi, ALiBi on the table's tiles (prefill); kGeneral,
+// a paged or left-padded KV cache, with or without ALiBi, and ALiBi over up to 16 query rows, on the
+// decode tiles (fwd_tiles_for picks).
+enum class FwdVariant { kPlain, kAlibi, kGeneral };
+
 // Split-KV: at most this many splits of a row's keys (the combine's lanes hold 4 splits' weights each).
 constexpr int kMaxSplits = 128;
 
@@ -102,6 +107,13 @@ constexpr FwdConfig fwd_decode_config(int kernel_head_dim) {
   const FwdConfig c = fwd_few_rows_config(kernel_head_dim);
   if (!FLASHATTN_SM80_DECODE_SPLIT_KEYS || FLASHATTN_SM80_DECODE_WARPS <= 0 || c.head_dim > 128) return c;
   return {c.head_dim, 16, c.block_n, c.warps, c.stages};
+}
+
+// The instance a problem runs (cache: block_table or leftpad_k; alibi: alibi_slopes); kGeneral runs the
+// decode config, kAlibi the table's.
+constexpr FwdVariant fwd_variant(bool cache, bool alibi, int seqlen_q, int kernel_head_dim) {
+  if (cache || (alibi && seqlen_q <= fwd_decode_config(kernel_head_dim).block_m)) return FwdVariant::kGeneral;
+  return alibi ? FwdVariant::kAlibi : FwdVariant::kPlain;
 }
 
 // Compile-time traits of one config (a table entry, or a candidate in dev/sm80fwd).

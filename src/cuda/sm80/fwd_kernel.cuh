@@ -198,11 +198,13 @@ __device__ __forceinline__ float tree_sum(float (&x)[n]) {
 }
 
 // The config arrives as its fields: nvcc's host stubs cannot take a class-type template argument.
-// kGeneral: the instance for a paged KV cache (p.block_table: k and v are pools of pages), a
-// left-padded one (p.leftpad_k) and ALiBi (p.alibi_slopes); separate, since the page lookup in the
-// shared code cost the other kernels 2-8% (spills; H200, session 62).
-template <int kHeadDim, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, class T, bool kGeneral>
+// kVariant (FwdVariant): the instances with a KV cache's pages or left padding, and with ALiBi, are
+// separate, since the page lookup in the shared code cost the other kernels 2-8% (spills; H200,
+// session 62).
+template <int kHeadDim, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, class T, FwdVariant kVariant>
 __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
+  constexpr bool kCache = kVariant == FwdVariant::kGeneral;   // block_table, leftpad_k
+  constexpr bool kAlibi = kVariant != FwdVariant::kPlain;     // alibi_slopes
   using Traits = FwdTraits<FwdConfig{kHeadDim, kBlockM_, kBlockN_, kWarps_, kStages_}>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kThreads = Traits::kThreads, kWarps = Traits::kWarps;
   constexpr int kMTiles = Traits::kMTiles, kNTiles = Traits::kNTiles, kDTiles = Traits::kDTiles;
@@ -234,7 +236,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     // The keys past it are a KV cache's unused rows. Clamped: the device array is not validated.
     seqlen_k = min(max(p.seqused_k[batch], 0), seqlen_k);
   }
-  if constexpr (kGeneral) {
+  if constexpr (kCache) {
     if (p.leftpad_k) {  // a left-padded cache: the keys start at row leftpad_k[b] (clamped likewise)
       k_start = min(max(p.leftpad_k[batch], 0), seqlen_k);
       seqlen_k -= int(k_start);
@@ -243,7 +245,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   // ALiBi's slope in the units of the scores s below (raw q.k, or the softcap's tanh): the softmax
   // multiplies them by score_scale_log2, the bias is in units of the scaled scores. 0: none.
   float alibi_slope = 0.f;
-  if constexpr (kGeneral)
+  if constexpr (kAlibi)
     if (p.alibi_slopes)
       alibi_slope = p.alibi_slopes[batch * p.alibi_slopes_batch_stride + head] * kLog2e / p.score_scale_log2;
   const int m0 = m_block * kBlockM;
@@ -252,7 +254,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   const T* q_head = static_cast<const T*>(p.q) + (varlen ? 0 : batch * p.q_batch_stride) + (q_start + m0) * p.q_row_stride +
                     head * p.q_head_stride;
   // k and v of this kv head: the sequence's rows, or (paged) the pools, whose pages load_kv finds.
-  const bool paged = kGeneral && p.block_table != nullptr;
+  const bool paged = kCache && p.block_table != nullptr;
   const bool own_rows = !varlen && !paged;
   const T* k_head = static_cast<const T*>(p.k) + (own_rows ? batch * p.k_batch_stride : 0) + k_start * p.k_row_stride +
                     head_kv * p.k_head_stride;
@@ -422,7 +424,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     }
 
     const int n0 = n_block * kBlockN;
-    if constexpr (kGeneral) {
+    if constexpr (kAlibi) {
       if (alibi_slope != 0.f) {  // ALiBi: s_ij -= slope * |i + seqlen_k - seqlen_q - j| (masked ones stay -inf below)
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)

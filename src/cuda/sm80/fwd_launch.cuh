@@ -13,11 +13,11 @@ inline dim3 fwd_grid(const FwdParams& p, int block_m) {
   return dim3(unsigned((p.seqlen_q + block_m - 1) / block_m), unsigned(p.num_heads), unsigned(p.batch * p.num_splits));
 }
 
-template <class T, FwdConfig kConfig, bool kGeneral = false>
+template <class T, FwdConfig kConfig, FwdVariant kVariant = FwdVariant::kPlain>
 Status run_fwd_config(const FwdParams& p, cudaStream_t stream) {
   using Traits = FwdTraits<kConfig>;
   constexpr auto kernel =
-      &fwd_kernel<kConfig.head_dim, kConfig.block_m, kConfig.block_n, kConfig.warps, kConfig.stages, T, kGeneral>;
+      &fwd_kernel<kConfig.head_dim, kConfig.block_m, kConfig.block_n, kConfig.warps, kConfig.stages, T, kVariant>;
   FA_RETURN_IF_ERROR(cuda::opt_in_shared_memory<kernel>(Traits::kSmemBytes, "flashattn-sm80", "forward", kConfig.head_dim));
   kernel<<<fwd_grid(p, Traits::kBlockM), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
   FA_CUDA_CHECK_LAUNCH("flashattn-sm80 forward kernel launch");
@@ -26,15 +26,19 @@ Status run_fwd_config(const FwdParams& p, cudaStream_t stream) {
 
 // The table's config for kHeadDim, or the first of its decode and few-rows configs whose tile holds
 // the query rows (one q-block either way, so the split count chosen with the table's config holds).
-// A paged or left-padded KV cache (decode, or a chunk of prefill) and ALiBi take one instance (kGeneral):
-// the decode config's, at any number of rows (more q-blocks; the split count needs one q-block, so it
-// splits only decode).
+// A paged or left-padded KV cache (decode, or a chunk of prefill) takes one instance (kGeneral): the
+// decode config's, at any number of rows (more q-blocks; the split count needs one q-block, so it
+// splits only decode); ALiBi that one too up to 16 rows, else its own instance of the table's config.
 template <class T, int kHeadDim>
 Status run_fwd(const FwdParams& p, cudaStream_t stream) {
   constexpr FwdConfig kConfig = fwd_config(kHeadDim);
   static_assert(kConfig.head_dim == kHeadDim, "no forward config for this head_dim");
   constexpr FwdConfig kDecode = fwd_decode_config(kHeadDim), kFewRows = fwd_few_rows_config(kHeadDim);
-  if (p.block_table || p.leftpad_k || p.alibi_slopes) return run_fwd_config<T, kDecode, true>(p, stream);
+  switch (fwd_variant(p.block_table || p.leftpad_k, p.alibi_slopes != nullptr, p.seqlen_q, kHeadDim)) {
+    case FwdVariant::kGeneral: return run_fwd_config<T, kDecode, FwdVariant::kGeneral>(p, stream);
+    case FwdVariant::kAlibi: return run_fwd_config<T, kConfig, FwdVariant::kAlibi>(p, stream);
+    case FwdVariant::kPlain: break;
+  }
   if constexpr (kDecode.block_m < kFewRows.block_m)
     if (p.seqlen_q <= kDecode.block_m) return run_fwd_config<T, kDecode>(p, stream);
   if constexpr (kFewRows.block_m < kConfig.block_m)
