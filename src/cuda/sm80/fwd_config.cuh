@@ -19,7 +19,7 @@ struct FwdConfig {
 
 // The kernel's instances beside the plain one: kAlibi, ALiBi on the table's tiles (prefill); kGeneral,
 // a paged or left-padded KV cache, with or without ALiBi, and ALiBi over up to 16 query rows, on the
-// decode tiles (fwd_tiles_for picks).
+// decode tiles (fwd_variant picks).
 enum class FwdVariant { kPlain, kAlibi, kGeneral };
 
 // Split-KV: at most this many splits of a row's keys (the combine's lanes hold 4 splits' weights each).
