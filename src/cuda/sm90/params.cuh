@@ -175,6 +175,8 @@ struct FwdParams {
   float softcap_pre;       // softmax_scale / softcap (softcap on): s = softcap * tanh(q.k * softcap_pre)
   float softcap;
   int32_t has_softcap;
+  const float* alibi_slopes;  // ALiBi (Traits::kAlibi): slope of sequence b, head h at [b * stride + h]
+  int64_t alibi_slopes_batch_stride;
   int32_t causal, window_left, window_right;
   int32_t block_m;       // rows of q per tile: 64 per consumer warpgroup
   int32_t num_m_blocks;  // ceil(seqlen_q / block_m)
@@ -305,6 +307,7 @@ struct Traits {
           ? FLASHATTN_SM90_STAGES
           : kHeadDim == 64 ? 3 : 2;
   static constexpr bool kTileOverlap = kConfig.tile_overlap;
+  static constexpr bool kAlibi = kConfig.alibi;  // ALiBi's bias (Consumer::alibi_scores)
   // Two q buffers where they fit: the next tile's q loads while this one runs.
   static constexpr int kQStages = 2 * kQBytes + 2 * kStages * kKVBytes <= kSmemLimit ? 2 : 1;
   // The epilogue stages O in the tile's q buffer (epilogue.cuh) when the other q buffer lets the
@@ -382,6 +385,7 @@ struct Traits {
   // head_dim 64 without a mask 0.5-4% slower at 8k-16k, head_dim 128 and 256 even (docs/sm90.md, steps 68, 70).
   static constexpr bool kInverseEarly = kHeadDim == 64 && (kConsumerWarpgroups == 2 || kKeysForward);
   static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap), "split tiles: head_dim 128, tile by tile");
+  static_assert(!kAlibi || (!kTileOverlap && !kTailSplit && !kOptimisticMax), "ALiBi: whole tiles, the full softmax");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   // setmaxnreg moves registers inside the pool the launch gave the CTA: 64K / kThreads a thread, in 8s.
