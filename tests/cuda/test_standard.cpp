@@ -116,27 +116,6 @@ TEST(CudaStandard, VarlenIsUnsupportedWithAMessage) {
   EXPECT_NE(std::string(fa_last_error()).find("varlen"), std::string::npos) << fa_last_error();
 }
 
-// ALiBi: cuda-standard does not take it, flashattn-sm90 only in its forward (its backward is sm80's);
-// both answer an error naming it (flashattn-sm90 where it runs at all: on sm_90).
-TEST(CudaStandard, AlibiWhereUnsupportedIsAnErrorNamingIt) {
-  FA_SKIP_WITHOUT_CUDA();
-  DeviceMemory q(16 * 64 * 2), k(16 * 64 * 2), v(16 * 64 * 2), o(16 * 64 * 2), slopes(sizeof(float));
-  DeviceMemory dout(16 * 64 * 2), dq(16 * 64 * 2), dk(16 * 64 * 2), dv(16 * 64 * 2), lse(16 * sizeof(float));
-  fa_params p = small_params(q.ptr, k.ptr, v.ptr, o.ptr);
-  p.alibi_slopes = static_cast<const float*>(slopes.ptr);
-  EXPECT_EQ(fa_forward(&p, FA_IMPL_CUDA_STANDARD), FA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(fa_last_error()).find("alibi_slopes"), std::string::npos) << fa_last_error();
-  int device = 0, major = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
-  if (major != 9) return;
-  p.lse = static_cast<float*>(lse.ptr);
-  p.dout = dout.ptr, p.dq = dq.ptr, p.dk = dk.ptr, p.dv = dv.ptr;
-  fa_params_set_contiguous_strides(&p);
-  EXPECT_EQ(fa_backward(&p, FA_IMPL_CUDA_SM90), FA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(fa_last_error()).find("alibi_slopes"), std::string::npos) << fa_last_error();
-}
-
 TEST(CudaStandard, MissingWorkspaceIsAnError) {
   FA_SKIP_WITHOUT_CUDA();
   DeviceMemory q(16 * 64 * 2), k(16 * 64 * 2), v(16 * 64 * 2), o(16 * 64 * 2);
