@@ -7,7 +7,7 @@ As in flash_attn, return_attn_probs=True returns (out, softmax_lse, S_dmask) whe
 None unless dropout_p > 0; this library has no dropout, so it is always None here. Arguments the
 library does not implement (dropout_p > 0, block_table outside flash_attn_with_kvcache) raise
 NotImplementedError naming them; nothing is silently ignored. alibi_slopes (fp32 (nheads,) or (batch, nheads))
-runs forward and backward on the CPU and on the GPU (the library's sm80 kernels).
+runs forward and backward on the CPU and on the GPU.
 """
 
 import torch
