@@ -6,7 +6,6 @@
 
 #include <ostream>
 #include <string>
-#include <vector>
 
 #include "support/harness.hpp"
 
@@ -115,24 +114,6 @@ TEST(CudaStandard, VarlenIsUnsupportedWithAMessage) {
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0;
   EXPECT_EQ(fa_forward(&p, FA_IMPL_CUDA_STANDARD), FA_ERROR_UNSUPPORTED);
   EXPECT_NE(std::string(fa_last_error()).find("varlen"), std::string::npos) << fa_last_error();
-}
-
-// ALiBi runs on the sm80 kernels alone: the other CUDA implementations answer an error naming it
-// (flashattn-sm90 only where it runs at all: on sm_90).
-TEST(CudaStandard, AlibiOutsideSm80IsUnsupportedWithAMessage) {
-  FA_SKIP_WITHOUT_CUDA();
-  DeviceMemory q(16 * 64 * 2), k(16 * 64 * 2), v(16 * 64 * 2), o(16 * 64 * 2), slopes(sizeof(float));
-  fa_params p = small_params(q.ptr, k.ptr, v.ptr, o.ptr);
-  p.alibi_slopes = static_cast<const float*>(slopes.ptr);
-  int device = 0, major = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
-  std::vector<fa_impl> impls = {FA_IMPL_CUDA_STANDARD};
-  if (major == 9) impls.push_back(FA_IMPL_CUDA_SM90);
-  for (fa_impl impl : impls) {
-    EXPECT_EQ(fa_forward(&p, impl), FA_ERROR_UNSUPPORTED) << fa_impl_name(impl);
-    EXPECT_NE(std::string(fa_last_error()).find("alibi_slopes"), std::string::npos) << fa_last_error();
-  }
 }
 
 TEST(CudaStandard, MissingWorkspaceIsAnError) {
