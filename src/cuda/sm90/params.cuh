@@ -175,8 +175,6 @@ struct FwdParams {
   float softcap_pre;       // softmax_scale / softcap (softcap on): s = softcap * tanh(q.k * softcap_pre)
   float softcap;
   int32_t has_softcap;
-  const float* alibi_slopes;  // ALiBi (Traits::kAlibi): slope of sequence b, head h at [b * stride + h]
-  int64_t alibi_slopes_batch_stride;
   int32_t causal, window_left, window_right;
   int32_t block_m;       // rows of q per tile: 64 per consumer warpgroup
   int32_t num_m_blocks;  // ceil(seqlen_q / block_m)
@@ -199,6 +197,8 @@ struct FwdParams {
   float4* tail_o;   // [piece slot][warpgroup][O float4 n][thread]: the accumulator registers as they are
   float4* tail_ml;  // [piece slot][warpgroup][thread]: (row_max[0], row_max[1], row_sum[0], row_sum[1])
   int32_t* tail_done;  // [split tile][warpgroup]: pieces finished (zeroed before the launch)
+  const float* alibi_slopes;  // ALiBi (Traits::kAlibi): slope of sequence b, head h at [b * stride + h]
+  int64_t alibi_slopes_batch_stride;
 #if FLASHATTN_SM90_TRACE
   long long* trace;
 #endif
