@@ -24,12 +24,11 @@ bool is_cuda_impl(fa_impl impl) {
   return impl == FA_IMPL_CUDA_STANDARD || impl == FA_IMPL_CUDA_SM80 || impl == FA_IMPL_CUDA_SM90;
 }
 
-// AUTO: CUDA when the tensors live on the GPU, else the CPU FA2 (with dropout the CPU reference, the one
-// CPU implementation that takes it so far).
+// AUTO: CUDA when the tensors live on the GPU, else the CPU FA2.
 fa_impl resolve(const fa_params& p, fa_impl impl, bool backward) {
   if (impl != FA_IMPL_AUTO) return impl;
   if (cuda::is_device_pointer(p.q)) return cuda::best_impl(p, backward);
-  return p.dropout_p > 0.f ? FA_IMPL_CPU_REFERENCE : FA_IMPL_CPU_FA2;
+  return FA_IMPL_CPU_FA2;
 }
 
 // The small arrays beside the tensors that validate reads on the host (index arrays, ALiBi slopes).
