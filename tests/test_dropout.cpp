@@ -1,4 +1,5 @@
-// Dropout (fa_params::dropout_p, src/common/dropout.hpp) on the CPU reference: the Philox generator
+// Dropout (fa_params::dropout_p, src/common/dropout.hpp) on the CPU reference (test_forward.cpp and
+// test_backward.cpp check the CPU FA2 against it on dropout_cases): the Philox generator
 // against Random123's known answers, the keep rate, E[O] over many seeds against O without dropout,
 // the lse unchanged, the backward against finite differences of the forward with the same mask, and
 // the argument checks.
@@ -165,13 +166,14 @@ TEST(Dropout, InvalidProbabilityOrImplementationIsAnErrorNamingIt) {
     EXPECT_EQ(fa_forward(&pr.p, FA_IMPL_CPU_REFERENCE), FA_ERROR_INVALID_ARGUMENT) << bad;
     EXPECT_NE(std::string(fa_last_error()).find("dropout_p"), std::string::npos) << fa_last_error();
   }
-  for (fa_impl impl : {FA_IMPL_CPU_FA1, FA_IMPL_CPU_FA2}) {
-    Problem pr(0.1f);
+  for (fa_impl impl : {FA_IMPL_CPU_FA1, FA_IMPL_CUDA_STANDARD, FA_IMPL_CUDA_SM80, FA_IMPL_CUDA_SM90}) {
+    Problem pr(0.1f);  // arguments come before the device: the same error on any machine
     EXPECT_EQ(fa_forward(&pr.p, impl), FA_ERROR_UNSUPPORTED) << fa_impl_name(impl);
     EXPECT_NE(std::string(fa_last_error()).find("dropout_p"), std::string::npos) << fa_last_error();
   }
-  Problem pr(0.1f);  // AUTO on host memory: the reference
+  Problem pr(0.1f);  // AUTO on host memory: the CPU FA2
   EXPECT_EQ(fa_forward(&pr.p, FA_IMPL_AUTO), FA_OK) << fa_last_error();
+  EXPECT_EQ(fa_backward(&pr.p, FA_IMPL_AUTO), FA_OK) << fa_last_error();
 }
 
 }  // namespace

@@ -52,16 +52,19 @@ struct DropoutMask {
   float scale = 1.f;       // 65536 / (65536 - threshold)
   uint32_t key0 = 0, key1 = 0, offset_lo = 0;
 
-  FA_DROPOUT_HD static DropoutMask of(const fa_params& p) {
+  FA_DROPOUT_HD static DropoutMask make(float dropout_p, uint64_t seed, uint64_t offset) {
     DropoutMask m;
-    if (!(p.dropout_p > 0.f)) return m;
-    const float t = p.dropout_p * 65536.f + 0.5f;
+    if (!(dropout_p > 0.f)) return m;
+    const float t = dropout_p * 65536.f + 0.5f;
     m.threshold = t >= 65535.f ? 65535u : uint32_t(t);
     m.scale = 65536.f / float(65536u - m.threshold);
-    m.key0 = uint32_t(p.dropout_seed);
-    m.key1 = uint32_t(p.dropout_seed >> 32) ^ uint32_t(p.dropout_offset >> 32);
-    m.offset_lo = uint32_t(p.dropout_offset);
+    m.key0 = uint32_t(seed);
+    m.key1 = uint32_t(seed >> 32) ^ uint32_t(offset >> 32);
+    m.offset_lo = uint32_t(offset);
     return m;
+  }
+  FA_DROPOUT_HD static DropoutMask of(const fa_params& p) {
+    return make(p.dropout_p, p.dropout_seed, p.dropout_offset);
   }
   FA_DROPOUT_HD bool on() const { return threshold != 0; }
   // The 8 random numbers of keys 8 j8 .. 8 j8 + 7 of row i of (sequence b, head h): r[j % 8].
