@@ -32,7 +32,8 @@ class Params(ctypes.Structure):
                    ("seqused_k", _vp),
                    ("block_table", _vp), ("block_table_batch_stride", _i64), ("page_block_size", _i32),
                    ("num_pages", _i32), ("leftpad_k", _vp),
-                   ("alibi_slopes", _vp), ("alibi_slopes_batch_stride", _i64)])
+                   ("alibi_slopes", _vp), ("alibi_slopes_batch_stride", _i64),
+                   ("dropout_p", _f), ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64)])
 
 
 def load(path=None):

@@ -27,6 +27,9 @@ std::vector<BackwardParam> backward_params(fa_impl impl, int max_seqlen = 1 << 3
   for (fa_dtype dt : {FA_FLOAT32, FA_BFLOAT16})
     for (const Case& c : fa_test::alibi_cases(dt, true))
       if (std::max(c.seqlen_q, c.seqlen_k) <= max_seqlen) out.push_back({impl, c});
+  for (fa_dtype dt : {FA_FLOAT32, FA_FLOAT16})
+    for (const Case& c : fa_test::dropout_cases(dt))
+      if (std::max(c.seqlen_q, c.seqlen_k) <= max_seqlen) out.push_back({impl, c});
   return out;
 }
 

@@ -275,7 +275,7 @@ int cmd_bench(const BenchOptions& o) {
                               {"batch", sh.batch},         {"heads", sh.heads},                  {"heads_kv", t.p.num_heads_kv},
                               {"seqlen_q", sh.seqlen_q},   {"seqlen_k", sh.seqlen_k},            {"head_dim", sh.head_dim},
                               {"causal", sh.causal},       {"window_left", t.p.window_left},     {"window_right", t.p.window_right},
-                              {"softcap", t.p.softcap}, {"alibi", t.p.alibi_slopes != nullptr},    {"ms", ms},                           {"tflops", tflops},
+                              {"softcap", t.p.softcap}, {"alibi", t.p.alibi_slopes != nullptr},    {"dropout", t.p.dropout_p}, {"ms", ms},                           {"tflops", tflops},
                               {"gflops", tflops * 1e3},    {"runs", times.size()},               {"device", device},
                               {"device_kind", device_flag_name(dev)}, {"threads", gpu ? 0 : threads}, {"date", date}};
           json << j.dump() << "\n";

@@ -21,6 +21,9 @@ void add_param_flags(CLI::App* app, ProblemSpec& s) {
   app->add_option("--softcap", s.softcap, "tanh soft-capping of scores, s = c tanh(s / c) (0: off)")->capture_default_str();
   app->add_flag("--alibi", s.alibi,
                 "ALiBi: scores get -slope_h |i + seqlen_k - seqlen_q - j|, slope_h = 2^(-8 (h + 1) / heads) (Press et al.)");
+  app->add_option("--dropout", s.dropout, "dropout probability of the attention weights, in [0, 1) (0: off)")
+      ->capture_default_str();
+  app->add_option("--dropout-seed", s.dropout_seed, "dropout's seed (the mask: src/common/dropout.hpp)")->capture_default_str();
   app->add_option("--scale", s.scale, "softmax scale (0: 1/sqrt(head_dim))")->capture_default_str();
   app->add_option("--threads", s.threads, "CPU threads (0: every core)")->capture_default_str();
   app->add_option("--cache-bytes", s.cache_bytes,
@@ -115,6 +118,7 @@ fa_params make_params(const ProblemSpec& s, fa_dtype dtype) {
   p.window_left = s.window_left;
   p.window_right = s.window_right;
   p.softcap = s.softcap;
+  p.dropout_p = s.dropout, p.dropout_seed = s.dropout_seed;
   p.deterministic = s.deterministic ? 1 : 0;
   p.num_threads = s.threads;
   p.cpu_cache_bytes = parse_bytes(s.cache_bytes, "--cache-bytes");

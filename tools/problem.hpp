@@ -33,6 +33,8 @@ struct ProblemSpec {
   int window_left = -1, window_right = -1;
   float softcap = 0, scale = 0;
   bool alibi = false;  // ALiBi with the paper's slopes 2^(-8 (h + 1) / heads)
+  float dropout = 0;   // dropout probability of P (fa_params::dropout_p)
+  uint64_t dropout_seed = 0;  // dropout's seed (offset 0)
   int threads = 0;
   std::string cache_bytes = "0";  // M for the CPU block sizes; accepts K/M/KiB/MiB suffixes
   bool deterministic = false;

@@ -344,6 +344,7 @@ int cmd_run(const RunOptions& o) {
   if (p.window_left >= 0 || p.window_right >= 0) std::printf(", window (%d, %d)", p.window_left, p.window_right);
   if (p.softcap > 0) std::printf(", softcap %g", double(p.softcap));
   if (p.alibi_slopes) std::printf(", ALiBi");
+  if (p.dropout_p > 0.f) std::printf(", dropout %g", double(p.dropout_p));
   if (p.softmax_scale != 0) std::printf(", scale %g", double(p.softmax_scale));
   std::printf("\ndevice  : %s: %s\n", device_flag_name(dev), device_description(dev, threads).c_str());
   if (!scale_note.empty()) std::printf("%s\n", scale_note.c_str());

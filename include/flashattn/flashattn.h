@@ -140,6 +140,16 @@ typedef struct fa_params {
    * one slope per head for every sequence). NULL: off. fp32, memory of the backend's device. */
   const float* alibi_slopes;
   int64_t alibi_slopes_batch_stride;
+
+  /* Dropout on the attention probabilities (as flash_attn's dropout_p): each element of P is dropped
+   * with probability dropout_p (to 1/65536) and the kept ones scaled by 1 / (1 - dropout_p), in the
+   * forward and, the same elements, the backward; lse is that of the scores before dropout. The mask
+   * is a function of (dropout_seed, dropout_offset, sequence, head, row, key) alone
+   * (src/common/dropout.hpp): pass the same seed and offset to the backward, and a new offset (or
+   * seed) for the next call. 0: off. */
+  float dropout_p;
+  uint64_t dropout_seed;
+  uint64_t dropout_offset;
 } fa_params;
 
 /* Zeroes *p and sets the defaults (window -1/-1, dtype fp16, scale 0 = 1/sqrt(d)). */

@@ -32,6 +32,7 @@ struct ImplLimits {
   bool paged_kv;     // takes a paged or left-padded KV cache (fa_params::block_table, leftpad_k)
   bool alibi;           // takes ALiBi slopes (fa_params::alibi_slopes) in the forward pass
   bool alibi_backward;  // ... and in the backward pass
+  bool dropout;         // takes dropout (fa_params::dropout_p > 0), forward and backward
 };
 
 ImplLimits impl_limits(fa_impl impl);

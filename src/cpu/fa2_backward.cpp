@@ -37,10 +37,11 @@ constexpr float kPosInf = std::numeric_limits<float>::infinity();
 struct Config {
   int head_dim, d_pad, block_m, block_n, m_pad, num_m_blocks, num_n_blocks, group;
   float scale, scale_log2, softcap;
+  bool dropout;  // fa_params::dropout_p > 0
 };
 
 struct Workspace {
-  Buffer k, v, dk, dv, q, q_t, dout, do_t, s_t, dp_t, tanh_t, dq, lse2, delta, row;
+  Buffer k, v, dk, dv, q, q_t, dout, do_t, s_t, dp_t, tanh_t, z_t, pd_t, dq, lse2, delta, row;  // z_t, pd_t: dropout's
   std::vector<int32_t> key_begin, key_end;
   explicit Workspace(const Config& c)
       : k(int64_t(c.block_n) * c.d_pad), v(int64_t(c.block_n) * c.d_pad),
@@ -49,6 +50,7 @@ struct Workspace {
         dout(int64_t(c.m_pad) * c.d_pad), do_t(int64_t(c.head_dim) * c.m_pad),
         s_t(int64_t(c.block_n) * c.m_pad), dp_t(int64_t(c.block_n) * c.m_pad),
         tanh_t(c.softcap > 0 ? int64_t(c.block_n) * c.m_pad : 1),
+        z_t(c.dropout ? int64_t(c.block_n) * c.m_pad : 1), pd_t(c.dropout ? int64_t(c.block_n) * c.m_pad : 1),
         dq(int64_t(c.m_pad) * c.d_pad), lse2(c.m_pad), delta(c.m_pad), row(c.d_pad),
         key_begin(size_t(c.m_pad)), key_end(size_t(c.m_pad)) {}
 };
@@ -134,8 +136,19 @@ void backward_block(const fa_params& p, const Config& c, Workspace& w, const Sha
       vstore(srow + i, exp2v(x - vload(lse2 + i)));
     }
   }
-  gemm<false>(nv, d_pad, rows, s_t, m_pad, w.dout.get(), d_pad, w.dv.get(), d_pad, true);  // dV += P^T dO
+  const DropoutMask dropout = DropoutMask::of(p);
+  float* z_t = w.z_t.get();
+  if (dropout.on()) {  // dV += (P Z)^T dO: P dropped as the forward did
+    dropout_factors_t(z_t, nv, rows, m_pad, n0, m0, dropout, seq.batch_index * p.num_heads + h);
+    float* pd_t = w.pd_t.get();
+    for (int64_t e = 0; e < int64_t(nv) * m_pad; e += kLanes) vstore(pd_t + e, vload(s_t + e) * vload(z_t + e));
+    gemm<false>(nv, d_pad, rows, pd_t, m_pad, w.dout.get(), d_pad, w.dv.get(), d_pad, true);
+  } else {
+    gemm<false>(nv, d_pad, rows, s_t, m_pad, w.dout.get(), d_pad, w.dv.get(), d_pad, true);  // dV += P^T dO
+  }
   gemm<false>(nv, m_pad, d, w.v.get(), d_pad, w.do_t.get(), m_pad, dp_t, m_pad, false);    // dP^T = V dO^T
+  if (dropout.on())  // dP of P itself: (V dO^T) Z
+    for (int64_t e = 0; e < int64_t(nv) * m_pad; e += kLanes) vstore(dp_t + e, vload(dp_t + e) * vload(z_t + e));
   // dS^T = P^T (dP^T - D) * dS/dS_raw, in place of dP^T.
   const vfloat scale = vbroadcast(c.scale), one = vbroadcast(1.f);
   for (int j = 0; j < nv; ++j) {
@@ -222,6 +235,7 @@ Status fa2_backward(const fa_params& p) {
   c.scale = effective_scale(p);
   c.scale_log2 = c.scale * kLog2e;
   c.softcap = p.softcap;
+  c.dropout = p.dropout_p > 0.f;
 
   const int64_t total_q = is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q;
   Buffer dq_acc(total_q * p.num_heads * c.d_pad, false), delta(total_q * p.num_heads, false);

@@ -35,6 +35,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 struct Config {
   int head_dim, d_pad, block_m, block_n, m_pad, num_m_blocks, group;
   float scale, scale_log2, softcap;
+  bool dropout;  // fa_params::dropout_p > 0
 };
 
 // K and V as fp32 (num_heads_kv, rows, d_pad); rows = batch * seqlen_k, or total_k when varlen.
@@ -55,11 +56,11 @@ struct PackedKV {
 };
 
 struct Workspace {
-  Buffer q_t, s_t, o, m, l, alpha, row_max, row_sum, row_out;
+  Buffer q_t, s_t, z_t, o, m, l, alpha, row_max, row_sum, row_out;  // z_t: dropout's factors
   std::vector<int32_t> key_begin, key_end;
   explicit Workspace(const Config& c)
       : q_t(int64_t(c.head_dim) * c.m_pad),
-        s_t(int64_t(c.block_n) * c.m_pad),
+        s_t(int64_t(c.block_n) * c.m_pad), z_t(c.dropout ? int64_t(c.block_n) * c.m_pad : 1),
         o(int64_t(c.m_pad) * c.d_pad),
         m(c.m_pad), l(c.m_pad), alpha(c.m_pad), row_max(c.m_pad), row_sum(c.m_pad), row_out(c.d_pad),
         key_begin(size_t(c.m_pad)), key_end(size_t(c.m_pad)) {}
@@ -74,6 +75,7 @@ void forward_block(const fa_params& p, const Config& c, const PackedKV& kv, Work
   const Mask mask(seq.seqlen_q, seq.seqlen_k, p.causal != 0, p.window_left, p.window_right);
   const auto qr = q_ref(p), orf = o_ref(p);
   const float slope_log2 = alibi_slope(p, seq.batch_index, h) * kLog2e;
+  const DropoutMask dropout = DropoutMask::of(p);
 
   // Q_i^T (d, m_pad), times scale * log2 e unless softcap needs the raw score; lanes past `rows`
   // are zero and never stored.
@@ -149,6 +151,11 @@ void forward_block(const fa_params& p, const Config& c, const PackedKV& kv, Work
     }
     for (int i = 0; i < m_pad; i += kLanes)
       vstore(l + i, vload(alpha + i) * vload(l + i) + vload(row_sum + i));
+    if (dropout.on()) {  // P V with P dropped (the sums above are of P itself)
+      float* z_t = w.z_t.get();
+      dropout_factors_t(z_t, nv, rows, m_pad, n0, m0, dropout, seq.batch_index * p.num_heads + h);
+      for (int64_t e = 0; e < int64_t(nv) * m_pad; e += kLanes) vstore(s_t + e, vload(s_t + e) * vload(z_t + e));
+    }
     // O = diag(alpha) O + P V_j.
     for (int i = 0; i < rows; ++i) {
       if (alpha[i] == 1.f) continue;
@@ -187,6 +194,7 @@ Status fa2_forward(const fa_params& p) {
   c.scale = effective_scale(p);
   c.scale_log2 = c.scale * kLog2e;
   c.softcap = p.softcap;
+  c.dropout = p.dropout_p > 0.f;
 
   const int64_t num_tasks = int64_t(p.batch) * p.num_heads * c.num_m_blocks;
   const int threads = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();

@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #endif
 
+#include "common/dropout.hpp"
 #include "common/dtype.hpp"
 #include "common/mask.hpp"
 
@@ -166,6 +167,23 @@ inline void add_alibi_t(float* s_t, int nv, int rows, int64_t m_pad, int64_t n0,
     float* srow = s_t + j * m_pad;
     for (int i = 0; i < rows; ++i) srow[i] -= slope * float(mask.diagonal_distance(m0 + i, n0 + j));
   }
+}
+
+// Dropout's factors Z^T of a transposed block (nv keys from n0, queries from m0, row stride m_pad): the keep
+// scale or 0 (src/common/dropout.hpp), one Philox call per 8 keys of a row; lanes past `rows` 0.
+// bh: sequence * num_heads + query head.
+inline void dropout_factors_t(float* z_t, int nv, int rows, int64_t m_pad, int64_t n0, int64_t m0,
+                              const DropoutMask& dropout, int32_t bh) {
+  for (int i = 0; i < rows; ++i) {
+    uint16_t r[8];
+    int64_t group = -1;
+    for (int j = 0; j < nv; ++j) {
+      const int64_t key = n0 + j;
+      if (key / 8 != group) dropout.randoms(bh, int32_t(m0 + i), int32_t(group = key / 8), r);
+      z_t[j * m_pad + i] = dropout.kept(r[key % 8]) ? dropout.scale : 0.f;
+    }
+  }
+  for (int j = 0; j < nv; ++j) std::fill(z_t + j * m_pad + rows, z_t + (j + 1) * m_pad, 0.f);
 }
 
 // n elements of a row of dtype dt at src[offset ...] -> fp32.

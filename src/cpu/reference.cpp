@@ -3,12 +3,15 @@
 //
 //   S = scale * Q K^T            (seqlen_q, seqlen_k); softcap: S = c * tanh(S / c);
 //                                ALiBi: S_ij -= slope * |i + seqlen_k - seqlen_q - j|
-//   P = softmax(S) over visible keys; O = P V; lse = log(sum_j exp(S_ij))
-//   backward: dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P * dP)), dQ = dS K * scale', dK = dS^T Q * scale'
+//   P = softmax(S) over visible keys; lse = log(sum_j exp(S_ij)); dropout: Pd = P * Z (Z_ij: 0 for a dropped
+//   element, else the keep scale; src/common/dropout.hpp), else Pd = P; O = Pd V
+//   backward: dV = Pd^T dO, dP = (dO V^T) * Z, dS = P * (dP - rowsum(P * dP)), dQ = dS K * scale',
+//   dK = dS^T Q * scale' (rowsum(P * dP) = rowsum(dO * O))
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "common/dropout.hpp"
 #include "common/dtype.hpp"
 #include "common/layout.hpp"
 #include "common/mask.hpp"
@@ -23,11 +26,18 @@ struct HeadProblem {
   int head, head_kv;
   Mask mask;
   double scale, slope;  // slope: ALiBi's (0: none)
+  DropoutMask dropout;
 
   HeadProblem(const fa_params& params, int b, int h)
       : p(params), seq(sequence(params, b)), head(h), head_kv(h / (params.num_heads / params.num_heads_kv)),
         mask(seq.seqlen_q, seq.seqlen_k, params.causal != 0, params.window_left, params.window_right),
-        scale(effective_scale(params)), slope(alibi_slope(params, b, h)) {}
+        scale(effective_scale(params)), slope(alibi_slope(params, b, h)), dropout(DropoutMask::of(params)) {}
+
+  // Dropout's factor Z_ij: 0 (dropped) or the keep scale; 1 without dropout.
+  double keep(int i, int j) const {
+    if (!dropout.on()) return 1.0;
+    return dropout.kept(seq.batch_index * p.num_heads + head, i, j) ? double(dropout.scale) : 0.0;
+  }
 
   std::vector<double> load(const TensorRef& t, bool q_side, int rows, int h) const {
     std::vector<double> m(size_t(rows) * p.head_dim);
@@ -111,6 +121,7 @@ Status reference_forward(const fa_params& p) {
       for (int j = 0; j < sk; ++j) {
         double pij = s[size_t(i) * sk + j];
         if (pij == 0) continue;
+        pij *= hp.keep(i, j);
         for (int c = 0; c < d; ++c) orow[c] += pij * v[size_t(j) * d + c];
       }
       int64_t off = row_offset(p, o, hp.seq, true, i, h);
@@ -150,15 +161,16 @@ Status reference_backward(const fa_params& p) {
             if (pij == 0) continue;
             double acc = 0;
             for (int c = 0; c < d; ++c) acc += dout[size_t(i) * d + c] * v[size_t(j) * d + c];
-            dp[j] = acc;
-            D += pij * acc;
+            dp[j] = acc * hp.keep(i, j);
+            D += pij * dp[j];
           }
           for (int j = 0; j < sk; ++j) {
             double pij = s[size_t(i) * sk + j];
             if (pij == 0) continue;
             double ds = pij * (dp[j] - D) * dcap[size_t(i) * sk + j];  // chain through softcap and scale
+            const double pdij = pij * hp.keep(i, j);
             for (int c = 0; c < d; ++c) {
-              dv[size_t(j) * d + c] += pij * dout[size_t(i) * d + c];
+              dv[size_t(j) * d + c] += pdij * dout[size_t(i) * d + c];
               dq[size_t(i) * d + c] += ds * k[size_t(j) * d + c];
               dk[size_t(j) * d + c] += ds * q[size_t(i) * d + c];
             }

@@ -50,6 +50,7 @@ std::string Case::name() const {
   if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
   if (softcap > 0.f) s << " softcap" << softcap;
   if (alibi) s << " alibi" << (alibi == 2 ? "_per_seq" : "") << "_" << alibi_max_slope;
+  if (dropout_p > 0.f) s << " dropout" << dropout_p << "_seed" << dropout_seed;
   if (softmax_scale != 0.f) s << " scale" << softmax_scale;
   if (bhsd) s << " bhsd";
   if (row_padding) s << " pad" << row_padding;
@@ -621,6 +622,24 @@ std::vector<Case> alibi_cases(fa_dtype dt, bool backward) {
     c.leftpad_k = {123, 0};
     v.push_back(causal(c));
   }
+  return v;
+}
+
+std::vector<Case> dropout_cases(fa_dtype dt) {
+  std::vector<Case> v;
+  auto dropout = [](Case c, float p, uint64_t seed) {
+    c.dropout_p = p;
+    c.dropout_seed = seed;
+    return c;
+  };
+  v.push_back(dropout(make_case(dt, 2, 37, 53, 4, 2, 64), 0.1f, 1));
+  v.push_back(causal(dropout(make_case(dt, 1, 129, 200, 2, 1, 32), 0.5f, 0xfedcba9876543210ull)));
+  v.push_back(dropout(make_case(dt, 1, 70, 31, 2, 2, 40), 0.9f, 7));  // more queries than keys, most dropped
+  v.push_back(window(softcap(dropout(varlen(make_case(dt, 1, 1, 1, 2, 1, 64), {5, 64, 1, 0}, {70, 64, 3, 9}), 0.3f, 3),
+                             3.f, 0.5f), 16, 8));
+  Case a = dropout(make_case(dt, 2, 65, 90, 4, 4, 96), 0.2f, 11);
+  a.alibi = 1, a.alibi_max_slope = 0.5f;
+  v.push_back(causal(a));
   return v;
 }
 

@@ -39,6 +39,8 @@ struct Case {  // one problem
   std::vector<int> leftpad_k;             // non-empty: a left-padded cache, keys from these rows (those before NaN)
   int alibi = 0;                          // ALiBi slopes: 0 none, 1 one per head, 2 one per (sequence, head)
   float alibi_max_slope = 1.f;            // the first head's slope (the others halve it, as in the paper)
+  float dropout_p = 0.f;                  // dropout (fa_params::dropout_p; offset kDropoutOffset)
+  uint64_t dropout_seed = 0;
   bool bhsd = false;                      // memory laid out (batch, heads, seqlen, head_dim)
   int row_padding = 0;                    // extra elements after each head vector and each row
   bool deterministic = false;
@@ -90,6 +92,9 @@ std::vector<Case> paged_kv_cases(fa_dtype dtype, const std::vector<int>& page_si
 // windowed with softcap, GQA, varlen, slopes large enough that the bias dominates the scores, one
 // key; backward = false adds the KV-cache forms (a decode step over used and left-padded keys).
 std::vector<Case> alibi_cases(fa_dtype dtype, bool backward);
+// Dropout (fa_params::dropout_p): light and heavy, causal, GQA, varlen, with softcap and ALiBi.
+std::vector<Case> dropout_cases(fa_dtype dtype);
+constexpr uint64_t kDropoutOffset = 12345;
 std::vector<Case> standard_backward_cases(fa_dtype dtype, int max_head_dim);
 
 // A gtest parameter name for a case: the name with every non-alphanumeric character made '_'.

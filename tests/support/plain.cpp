@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/dropout.hpp"
 #include "common/dtype.hpp"
 #include "common/mask.hpp"
 #include "support/problem.hpp"
@@ -30,11 +31,19 @@ struct Head {
   // dot products in another order, each at the size of random rounding (Higham & Mary's
   // probabilistic bound, lambda = 4).
   std::vector<float> eps;
+  flashattn::DropoutMask dropout;
 
   Head(const Problem& problem, int b, int head)
       : pr(problem), s(problem.seq(b)), s_index(b), h(head), hk(head / (problem.c.num_heads / problem.c.num_heads_kv)),
         d(problem.c.head_dim), dt(problem.c.dtype),
-        mask(int32_t(s.seqlen_q), int32_t(s.seqlen_k), problem.c.causal, problem.c.window_left, problem.c.window_right) {}
+        mask(int32_t(s.seqlen_q), int32_t(s.seqlen_k), problem.c.causal, problem.c.window_left, problem.c.window_right),
+        dropout(flashattn::DropoutMask::make(problem.c.dropout_p, problem.c.dropout_seed, kDropoutOffset)) {}
+
+  // Dropout's factor of P_ij: 0 or the keep scale (1 without dropout), as torch's dropout applies it.
+  float z(int64_t i, int64_t j) const {
+    if (!dropout.on()) return 1.f;
+    return dropout.kept(int32_t(s_index * pr.c.num_heads + h), int32_t(i), int32_t(j)) ? dropout.scale : 0.f;
+  }
 
   float r(float x) const { return flashattn::round_to(x, dt); }
   size_t qi(int64_t i) const { return size_t(((s.bq * pr.rows_q + s.q_start + i) * pr.c.num_heads + h) * d); }
@@ -103,6 +112,7 @@ Outputs plain_forward(const Problem& pr) {
         for (int64_t j = 0; j < sk; ++j) {
           float pij = hd.p[size_t(i * sk + j)];
           if (pij == 0.f) continue;
+          pij = hd.r(pij * hd.z(i, j));  // dropout: the kept probabilities scaled
           const float* v = &pr.vf[hd.ki(j)];
           for (int c = 0; c < d; ++c) {
             acc[size_t(c)] += pij * v[c];
@@ -155,12 +165,13 @@ Outputs plain_backward(const Problem& pr) {
             float pij = hd.p[size_t(i * sk + j)];
             if (pij == 0.f) continue;
             const float* v = &pr.vf[hd.ki(j)];
+            const float zij = hd.z(i, j), pd = hd.r(pij * zij);
             float a = 0.f;
             for (int c = 0; c < d; ++c) {
               a += dout[c] * v[c];
-              o[size_t(c)] += pij * v[c];
+              o[size_t(c)] += pd * v[c];
             }
-            dp[size_t(j)] = hd.r(a);
+            dp[size_t(j)] = hd.r(hd.r(a) * zij);  // dropout's backward: the gradient of P dropped likewise
             D += pij * dp[size_t(j)];
           }
           float dD = 0.f;  // 4 o_round sqrt(sum_c (dO_ic O_ic)^2): o's rounding errors at random-walk size
@@ -201,7 +212,8 @@ Outputs plain_backward(const Problem& pr) {
           float* dk_a = &dk_err[size_t(j * d)];
           float* dv_a = &dv_err[size_t(j * d)];
           for (int64_t i = 0; i < sq; ++i) {
-            float x = ds[size_t(i * sk + j)], x_err = ds_err[size_t(i * sk + j)], pij = hd.p[size_t(i * sk + j)];
+            float x = ds[size_t(i * sk + j)], x_err = ds_err[size_t(i * sk + j)];
+            const float pij = hd.p[size_t(i * sk + j)] == 0.f ? 0.f : hd.r(hd.p[size_t(i * sk + j)] * hd.z(i, j));
             const float* q = &pr.qf[hd.qi(i)];
             const float* dout = &pr.dof[hd.qi(i)];
             if (x != 0.f)

@@ -140,6 +140,7 @@ fa_params Problem::params() {
     p.alibi_slopes = alibi_slopes.data();
     p.alibi_slopes_batch_stride = alibi_batch_stride;
   }
+  p.dropout_p = c.dropout_p, p.dropout_seed = c.dropout_seed, p.dropout_offset = kDropoutOffset;
   if (!block_table.empty()) {
     p.block_table = block_table.data();
     p.block_table_batch_stride = table_stride;

@@ -59,6 +59,13 @@ has run_alibi out 'ALiBi'
 test "$(grep -Ec '^cpu-fa2 .* ok$' "$work/run_alibi.out")" = 2 || fail "run_alibi: cpu-fa2 not ok in both tables"
 has run_alibi out '^result: ok$'
 
+# run: dropout on the CPU FA2 against the fp64 reference with the same mask (both passes).
+expect 0 run_dropout -- run --device cpu --pass both --batch 2 --seqlen-q 30 --seqlen-k 45 --heads 4 --heads-kv 2 \
+  --head-dim 16 --dropout 0.3 --dropout-seed 5 --impl fa2
+has run_dropout out 'dropout 0.3'
+test "$(grep -Ec '^cpu-fa2 .* ok$' "$work/run_dropout.out")" = 2 || fail "run_dropout: cpu-fa2 not ok in both tables"
+has run_dropout out '^result: ok$'
+
 # run: variable length with an empty sequence.
 expect 0 run_varlen -- run --device cpu --varlen 5,0,17 --varlen-k 9,3,17 --heads 2 --head-dim 8 --impl fa2,standard
 has run_varlen out 'packed varlen'

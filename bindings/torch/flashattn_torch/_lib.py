@@ -46,6 +46,7 @@ class FaParams(ctypes.Structure):
         + [("block_table", _ptr), ("block_table_batch_stride", _i64), ("page_block_size", _i32), ("num_pages", _i32)]
         + [("leftpad_k", _ptr)]
         + [("alibi_slopes", _ptr), ("alibi_slopes_batch_stride", _i64)]
+        + [("dropout_p", _f32), ("dropout_seed", ctypes.c_uint64), ("dropout_offset", ctypes.c_uint64)]
     )
 
 

@@ -3,10 +3,12 @@
     out = flash_attn_func(q, k, v, causal=True)                  # q (b, s, h, d), k/v (b, s, h_k, d)
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
 
-As in flash_attn, return_attn_probs=True returns (out, softmax_lse, S_dmask) where S_dmask is
-None unless dropout_p > 0; this library has no dropout, so it is always None here. Arguments the
-library does not implement (dropout_p > 0, block_table outside flash_attn_with_kvcache) raise
-NotImplementedError naming them; nothing is silently ignored. alibi_slopes (fp32 (nheads,) or (batch, nheads))
+As in flash_attn, return_attn_probs=True returns (out, softmax_lse, S_dmask); S_dmask is always None
+here (flash_attn returns the dropped probabilities when dropout_p > 0; the mask here is a function of
+a seed, src/common/dropout.hpp). dropout_p > 0 draws that seed from torch's generator each call (so
+torch.manual_seed repeats it) and runs on the CPU so far; the GPU kernels raise the library's error
+naming dropout_p. block_table outside flash_attn_with_kvcache raises NotImplementedError; nothing is
+silently ignored. alibi_slopes (fp32 (nheads,) or (batch, nheads))
 runs forward and backward on the CPU and on the GPU.
 """
 
@@ -15,10 +17,7 @@ import torch
 from . import ops
 
 
-def _unsupported(dropout_p, block_table=None):
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"flashattn: dropout_p={dropout_p} is not supported (dropout is not implemented; "
-                                  "pass dropout_p=0.0)")
+def _unsupported(block_table=None):
     if block_table is not None:
         raise NotImplementedError("flashattn: block_table (paged KV cache) is not supported")
 
@@ -30,7 +29,7 @@ def _window(window_size):
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
-    _unsupported(dropout_p, block_table)
+    _unsupported(block_table)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** (-0.5)
     elif softmax_scale == 0:
@@ -38,8 +37,11 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
                          "1/sqrt(head_dim)); pass None for the default")
     left, right = _window(window_size)
     softcap = float(softcap) if softcap > 0 else 0.0  # flash_attn: softcap <= 0 means off
+    # Dropout: a fresh mask a call, its seed from torch's generator (torch.manual_seed repeats it).
+    dropout_seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item()) if dropout_p > 0 else 0
     out, lse = ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale),
-                             bool(causal), left, right, softcap, bool(deterministic), alibi_slopes)
+                             bool(causal), left, right, softcap, bool(deterministic), float(dropout_p), dropout_seed,
+                             alibi_slopes)
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -187,8 +187,10 @@ def _forward(p, q, k, v, varlen):
 
 def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
-        window_right: int, softcap: float, deterministic: bool, alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """(out, lse) = attention(q, k, v); `deterministic` only travels to the backward."""
+        window_right: int, softcap: float, deterministic: bool, dropout_p: float, dropout_seed: int,
+        alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """(out, lse) = attention(q, k, v); `deterministic` only travels to the backward. Dropout: P's elements dropped
+    with probability dropout_p by the mask of dropout_seed (offset 0), the same in the backward."""
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
     q, k, v = _usable(q), _usable(k), _usable(v)
     varlen = cu_seqlens_q is not None
@@ -196,6 +198,7 @@ def forward_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor]
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     p = _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                 window_left, window_right, softcap, deterministic)
+    p.dropout_p, p.dropout_seed = dropout_p, dropout_seed
     alibi_slopes = _set_alibi(p, q, alibi_slopes)
     return _forward(p, q, k, v, varlen)
 
@@ -205,7 +208,7 @@ fwd = torch.library.custom_op("flashattn::fwd", forward_impl, mutates_args=())
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              window_left, window_right, softcap, deterministic, alibi_slopes):
+              window_left, window_right, softcap, deterministic, dropout_p, dropout_seed, alibi_slopes):
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
     varlen = cu_seqlens_q is not None
     if alibi_slopes is not None:
@@ -215,7 +218,7 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
 
 def backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Optional[Tensor],
         cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-        window_left: int, window_right: int, softcap: float, deterministic: bool,
+        window_left: int, window_right: int, softcap: float, deterministic: bool, dropout_p: float, dropout_seed: int,
         alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) by the library's backward from dout and the forward's out and lse."""
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
@@ -231,6 +234,7 @@ def backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
             t.fill_(float("nan"))
     p = _params(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                 window_left, window_right, softcap, deterministic)
+    p.dropout_p, p.dropout_seed = dropout_p, dropout_seed
     alibi_slopes = _set_alibi(p, q, alibi_slopes)
     for name, t in (("q", q), ("k", k), ("v", v), ("o", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         _set_tensor(p, name, t)
@@ -244,7 +248,7 @@ bwd = torch.library.custom_op("flashattn::bwd", backward_impl, mutates_args=())
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal, window_left, window_right, softcap, deterministic, alibi_slopes):
+              causal, window_left, window_right, softcap, deterministic, dropout_p, dropout_seed, alibi_slopes):
     _check(q, k, v, cu_seqlens_q, cu_seqlens_k)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -321,14 +325,14 @@ def _setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, *args, alibi_slopes = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
-    ctx.args = args  # max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic
+    ctx.args = args  # max_seqlen_q, .. softcap, deterministic, dropout_p, dropout_seed
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
     dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args, alibi_slopes)
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv) + (None,) * 13
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -347,7 +351,7 @@ class _EagerAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
         dq, dk, dv = backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args, alibi_slopes)
-        return (dq, dk, dv) + (None,) * 11
+        return (dq, dk, dv) + (None,) * 13
 
 
 def _dispatch_stack_empty():
@@ -356,10 +360,10 @@ def _dispatch_stack_empty():
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, deterministic, alibi_slopes=None):
+              window_right, softcap, deterministic, dropout_p=0.0, dropout_seed=0, alibi_slopes=None):
     """(out, lse): torch.ops.flashattn.fwd, or its eager twin where nothing needs the dispatcher."""
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-            window_right, softcap, deterministic, alibi_slopes)
+            window_right, softcap, deterministic, dropout_p, dropout_seed, alibi_slopes)
     if (torch.compiler.is_compiling() or type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor
             or not _dispatch_stack_empty()):
         return fwd(*args)

@@ -47,10 +47,40 @@ def alibi_bias(alibi_slopes, batch, heads, seqlen_q, seqlen_k, device):
     return -slopes[:, :, None, None] * (i - j).abs().double()
 
 
-def plain_attention(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+def _philox4x32_10(c, k0, k1):
+    """Philox4x32-10 (Salmon et al., SC 2011) on int64 tensors holding uint32 values: c a list of 4 counters."""
+    m32 = 0xFFFFFFFF
+    x, y, z, w = c
+    for _ in range(10):
+        p0, p1 = x * 0xD2511F53, z * 0xCD9E8D57  # < 2^64: wraps in int64, the low 64 bits stay exact
+        hi0, lo0, hi1, lo1 = (p0 >> 32) & m32, p0 & m32, (p1 >> 32) & m32, p1 & m32
+        x, y, z, w = hi1 ^ y ^ k0, lo1, hi0 ^ w ^ k1, lo0
+        k0, k1 = (k0 + 0x9E3779B9) & m32, (k1 + 0xBB67AE85) & m32
+    return x, y, z, w
+
+
+def dropout_factors(batch, heads, seqlen_q, seqlen_k, dropout_p, seed, offset=0):
+    """(batch, heads, seqlen_q, seqlen_k) fp64 Z of the library's dropout (src/common/dropout.hpp, written apart
+    from it here): 0 where dropped, else 65536 / (65536 - t), t = round(p 65536); key j of row i of (b, h) keeps iff
+    the 16-bit number j % 8 of Philox((j / 8, i, b heads + h, offset), (seed, seed >> 32 ^ offset >> 32)) >= t."""
+    t = min(int(dropout_p * 65536 + 0.5), 65535)
+    bh = torch.arange(batch * heads, dtype=torch.int64)[:, None, None]
+    i = torch.arange(seqlen_q, dtype=torch.int64)[None, :, None]
+    j = torch.arange(seqlen_k, dtype=torch.int64)[None, None, :]
+    shape = (batch * heads, seqlen_q, seqlen_k)
+    c = [(j // 8).expand(shape), i.expand(shape), bh.expand(shape), torch.full(shape, offset & 0xFFFFFFFF)]
+    words = _philox4x32_10(c, seed & 0xFFFFFFFF, ((seed >> 32) ^ (offset >> 32)) & 0xFFFFFFFF)
+    e = (j % 8).expand(shape)
+    word = torch.where(e // 2 == 0, words[0], torch.where(e // 2 == 1, words[1], torch.where(e // 2 == 2, words[2], words[3])))
+    r = (word >> (16 * (e % 2))) & 0xFFFF
+    return torch.where(r >= t, 65536.0 / (65536 - t), 0.0).double().reshape(batch, heads, seqlen_q, seqlen_k)
+
+
+def plain_attention(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    dropout=None):
     """q (b, s_q, h, d), k/v (b, s_k, h_k, d) -> (out like q, lse (b, h, s_q) fp32 or fp64).
     Rows with no visible key give out 0 and lse -inf. alibi_slopes: its bias added after the softcap, in
-    the scores' dtype."""
+    the scores' dtype. dropout: dropout_factors' Z, multiplied into P (the lse is that of P itself)."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
@@ -66,6 +96,8 @@ def plain_attention(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), 
     lse = torch.logsumexp(s.to(torch.float64 if s.dtype == torch.float64 else torch.float32), dim=-1)
     p = torch.softmax(s, dim=-1)
     p = torch.where(mask.any(-1, keepdim=True), p, 0.0)
+    if dropout is not None:
+        p = p * dropout.to(device=p.device, dtype=p.dtype)
     out = torch.einsum("bhij,bjhd->bihd", p, v)
     return out, lse
 

@@ -102,16 +102,23 @@ def test_lse_is_not_differentiable():
     assert out.requires_grad and not lse.requires_grad
 
 
-@pytest.mark.parametrize("kwargs, word", [({"dropout_p": 0.1}, "dropout_p")])
-def test_unsupported_arguments_raise_naming_them(kwargs, word):
+def test_dropout_reaches_every_entry_point_and_repeats_with_the_seed():
+    """dropout_p changes the output (a mask a call), and torch.manual_seed repeats it."""
     q = rand(1, 8, 4, 32)
-    with pytest.raises(NotImplementedError, match=word):
-        flash_attn_func(q, q, q, **kwargs)
-    with pytest.raises(NotImplementedError, match=word):
-        flash_attn_qkvpacked_func(torch.stack((q, q, q), 2), **kwargs)
     cu = torch.tensor([0, 8], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match=word):
-        flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, **kwargs)
+    calls = [lambda **kw: flash_attn_func(q, q, q, **kw),
+             lambda **kw: flash_attn_qkvpacked_func(torch.stack((q, q, q), 2), **kw),
+             lambda **kw: flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, **kw)]
+    for call in calls:
+        plain = call()
+        torch.manual_seed(5)
+        a = call(dropout_p=0.5)
+        torch.manual_seed(5)
+        b = call(dropout_p=0.5)
+        assert torch.equal(a, b)
+        assert not torch.allclose(a, plain)
+    with pytest.raises(Exception, match="dropout_p"):
+        flash_attn_func(q, q, q, dropout_p=1.0)
 
 
 def test_block_table_raises():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from attn_reference import (DEVICES, check_lse, check_rule, gradient_floor, gradient_floor_varlen, lse_bound,
+from attn_reference import (DEVICES, check_lse, check_rule, dropout_factors, gradient_floor, gradient_floor_varlen, lse_bound,
                             lse_bound_varlen, plain_attention, plain_sequential, plain_sequential_varlen, plain_varlen,
                             skip_unsupported)
 from flashattn_torch import flash_attn_func, flash_attn_varlen_func
@@ -146,3 +146,34 @@ def test_alibi(dtype, per_sequence, kw, device):
     plain = plain_sequential_varlen(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), cu_q, cu_k, **plain_kw)
     check_all(out, lse, grads, ref, plain, lse_bound_varlen(q, k, ref[1], cu_q, cu_k, **plain_kw),
               gradient_floor_varlen(q, k, v, dout, cu_q, cu_k, **plain_kw), dtype)
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": True, "alibi": True}, {"window_size": (20, 5), "softcap": 2.0}],
+                         ids=["full", "causal_alibi", "window_softcap"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_dropout_on_the_cpu(dtype, kw):
+    """Dropout (dropout_p): out and gradients against attention with the same mask computed here in Python
+    (attn_reference.dropout_factors), in fp64 and, for the error rule, in the inputs' dtype; the seed is the
+    one the binding draws from torch's generator."""
+    device, batch, h, hk, d, sq, sk, p_drop = "cpu", 2, 4, 2, 32, 45, 70, 0.3
+    torch.manual_seed(1)
+    q, k, v = make((batch, sq, h, d), dtype, device), make((batch, sk, hk, d), dtype, device), make((batch, sk, hk, d), dtype, device)
+    slopes = alibi_slopes(False, batch, h, device) if kw.get("alibi") else None
+    fkw = {key: val for key, val in kw.items() if key != "alibi"}
+    torch.manual_seed(7)
+    seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+    torch.manual_seed(7)
+    out = flash_attn_func(q, k, v, dropout_p=p_drop, alibi_slopes=slopes, **fkw)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    z = dropout_factors(batch, h, sq, sk, p_drop, seed)
+    plain_kw = {"causal": kw.get("causal", False), "window": kw.get("window_size", (-1, -1)),
+                "softcap": kw.get("softcap", 0.0), "alibi_slopes": slopes, "dropout": z}
+    ref = reference(q, k, v, dout, lambda a, b, c: plain_attention(a, b, c, **plain_kw))
+    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+    plain_out, _ = plain_attention(qq, kk, vv, **plain_kw)
+    plain = [plain_out, *torch.autograd.grad(plain_out, (qq, kk, vv), dout)]
+    check_rule("out", out, ref[0], plain[0], 2, dtype)
+    for name, g, r, pl in zip(("dq", "dk", "dv"), grads, ref[2:], plain[1:]):
+        check_rule(name, g, r, pl, 3, dtype)
+    assert (z == 0).float().mean().item() == pytest.approx(p_drop, abs=0.02)

@@ -1,0 +1,85 @@
+// Dropout's keep mask: which scores of P survive, the same on every backend and in both passes.
+//
+// Element (b, h, i, j) (sequence b, query head h, query row i, key j, in the sequence's own rows) is
+// kept iff a 16-bit random number r is >= threshold, threshold = round(p * 65536): the probability of
+// a drop is threshold / 65536 (p to 1/65536), and the kept ones are scaled by
+// 65536 / (65536 - threshold), so that E[P_dropped] = P exactly. r comes from Philox4x32-10 (Salmon
+// et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011): one call, counter
+// (j / 8, i, b * num_heads + h, low word of offset), key (low word of seed, high word of seed xor
+// high word of offset), gives the 8 16-bit numbers of keys 8 (j / 8) .. + 7 (r of key j: bits
+// 16 (j % 2) of output word (j % 8) / 2). A GPU thread that holds 8 consecutive keys of a row makes
+// one call for them.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/flashattn.h"
+
+#if defined(__CUDACC__)
+#define FA_DROPOUT_HD __host__ __device__ __forceinline__
+#else
+#define FA_DROPOUT_HD inline
+#endif
+
+namespace flashattn {
+
+struct Philox4 {
+  uint32_t x, y, z, w;
+};
+
+FA_DROPOUT_HD void mul_hi_lo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  const uint64_t m = uint64_t(a) * b;
+  hi = uint32_t(m >> 32);
+  lo = uint32_t(m);
+}
+
+// Philox4x32 with 10 rounds (the Random123 constants).
+FA_DROPOUT_HD Philox4 philox4x32_10(Philox4 c, uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    uint32_t hi0, lo0, hi1, lo1;
+    mul_hi_lo(0xD2511F53u, c.x, hi0, lo0);
+    mul_hi_lo(0xCD9E8D57u, c.z, hi1, lo1);
+    c = {hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0};
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c;
+}
+
+// The per-call state of one problem's dropout: threshold and scale from p, the key from seed and offset.
+struct DropoutMask {
+  uint32_t threshold = 0;  // 0: off
+  float scale = 1.f;       // 65536 / (65536 - threshold)
+  uint32_t key0 = 0, key1 = 0, offset_lo = 0;
+
+  FA_DROPOUT_HD static DropoutMask make(float dropout_p, uint64_t seed, uint64_t offset) {
+    DropoutMask m;
+    if (!(dropout_p > 0.f)) return m;
+    const float t = dropout_p * 65536.f + 0.5f;
+    m.threshold = t >= 65535.f ? 65535u : uint32_t(t);
+    m.scale = 65536.f / float(65536u - m.threshold);
+    m.key0 = uint32_t(seed);
+    m.key1 = uint32_t(seed >> 32) ^ uint32_t(offset >> 32);
+    m.offset_lo = uint32_t(offset);
+    return m;
+  }
+  FA_DROPOUT_HD static DropoutMask of(const fa_params& p) {
+    return make(p.dropout_p, p.dropout_seed, p.dropout_offset);
+  }
+  FA_DROPOUT_HD bool on() const { return threshold != 0; }
+  // The 8 random numbers of keys 8 j8 .. 8 j8 + 7 of row i of (sequence b, head h): r[j % 8].
+  FA_DROPOUT_HD void randoms(int32_t b_times_heads_plus_h, int32_t i, int32_t j8, uint16_t (&r)[8]) const {
+    const Philox4 o = philox4x32_10({uint32_t(j8), uint32_t(i), uint32_t(b_times_heads_plus_h), offset_lo}, key0, key1);
+    const uint32_t words[4] = {o.x, o.y, o.z, o.w};
+    for (int e = 0; e < 8; ++e) r[e] = uint16_t(words[e / 2] >> (16 * (e % 2)));
+  }
+  FA_DROPOUT_HD bool kept(uint16_t r) const { return r >= threshold; }
+  // One element, for the references (a call per element: slow, exact).
+  FA_DROPOUT_HD bool kept(int32_t b_times_heads_plus_h, int32_t i, int32_t j) const {
+    uint16_t r[8];
+    randoms(b_times_heads_plus_h, i, j / 8, r);
+    return kept(r[j % 8]);
+  }
+};
+
+}  // namespace flashattn
