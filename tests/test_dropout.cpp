@@ -1,6 +1,6 @@
 // Dropout (fa_params::dropout_p, src/common/dropout.hpp) on the CPU reference (test_forward.cpp and
 // test_backward.cpp check the CPU FA2 against it on dropout_cases): the Philox generator
-// against Random123's known answers, the keep rate, E[O] over many seeds against O without dropout,
+// against Random123's known answers, the 16 x 16 tiles' layout, the keep rate, E[O] over many seeds against O without dropout,
 // the lse unchanged, the backward against finite differences of the forward with the same mask, and
 // the argument checks.
 #include <gtest/gtest.h>
@@ -39,6 +39,27 @@ TEST(Dropout, PhiloxMatchesRandom123KnownAnswers) {
     EXPECT_EQ(r.z, k.expected.z);
     EXPECT_EQ(r.w, k.expected.w);
   }
+}
+
+// The 16 x 16 tiles' layout: each element of a tile is one number of one lane's call (the 256 (lane, e)
+// pairs cover the tile once), and kept(bh, i, j) reads that number.
+TEST(Dropout, EachElementOfATileIsOneNumberOfOneLane) {
+  const DropoutMask m = DropoutMask::make(0.5f, 99, 4);
+  for (int i16 : {0, 3})
+    for (int j16 : {0, 7}) {
+      std::vector<int> seen(256, 0);
+      for (int lane = 0; lane < 32; ++lane) {
+        uint16_t r[8];
+        m.randoms(5, i16, j16, lane, r);
+        for (int e = 0; e < 8; ++e) {
+          const int row = DropoutMask::tile_row(lane, e), key = DropoutMask::tile_key(lane, e);
+          ASSERT_TRUE(row >= 0 && row < 16 && key >= 0 && key < 16) << lane << " " << e;
+          ++seen[size_t(row * 16 + key)];
+          EXPECT_EQ(m.kept(5, 16 * i16 + row, 16 * j16 + key), m.kept(r[e])) << lane << " " << e;
+        }
+      }
+      for (int x : seen) EXPECT_EQ(x, 1);
+    }
 }
 
 // The fraction kept over 2^20 elements is 1 - threshold / 65536 within 5 standard deviations, and the

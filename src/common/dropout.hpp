@@ -4,11 +4,14 @@
 // kept iff a 16-bit random number r is >= threshold, threshold = round(p * 65536): the probability of
 // a drop is threshold / 65536 (p to 1/65536), and the kept ones are scaled by
 // 65536 / (65536 - threshold), so that E[P_dropped] = P exactly. r comes from Philox4x32-10 (Salmon
-// et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011): one call, counter
-// (j / 8, i, b * num_heads + h, low word of offset), key (low word of seed, high word of seed xor
-// high word of offset), gives the 8 16-bit numbers of keys 8 (j / 8) .. + 7 (r of key j: bits
-// 16 (j % 2) of output word (j % 8) / 2). A GPU thread that holds 8 consecutive keys of a row makes
-// one call for them.
+// et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011), one call per 8 elements laid out as
+// a GPU thread holds them in an mma.m16n8 accumulator: P in 16 x 16 tiles (row tile i / 16, key tile
+// j / 16); in a tile, element (r, c) = (i % 16, j % 16) belongs to lane 4 (r % 8) + (c % 8) / 2, which
+// holds rows r % 8 and + 8, keys 2 t, 2 t + 1 and + 8, + 9, as number e = c % 2 + 2 (r / 8) + 4 (c / 8)
+// of its call: counter (j / 16, 32 (i / 16) + lane, b * num_heads + h, low word of offset), key (low
+// word of seed, high word of seed xor high word of offset); number e is bits 16 (e % 2) of output word
+// e / 2. The forward's thread (rows x keys) makes one call a tile; a thread holding the transposed
+// tile (keys x rows) two.
 #pragma once
 
 #include <cstdint>
@@ -67,18 +70,22 @@ struct DropoutMask {
     return make(p.dropout_p, p.dropout_seed, p.dropout_offset);
   }
   FA_DROPOUT_HD bool on() const { return threshold != 0; }
-  // The 8 random numbers of keys 8 j8 .. 8 j8 + 7 of row i of (sequence b, head h): r[j % 8].
-  FA_DROPOUT_HD void randoms(int32_t b_times_heads_plus_h, int32_t i, int32_t j8, uint16_t (&r)[8]) const {
-    const Philox4 o = philox4x32_10({uint32_t(j8), uint32_t(i), uint32_t(b_times_heads_plus_h), offset_lo}, key0, key1);
+  // The 8 numbers of lane `lane` of tile (row tile i16, key tile j16) of (sequence b, head h), bh = b * heads + h.
+  FA_DROPOUT_HD void randoms(int32_t bh, int32_t i16, int32_t j16, int lane, uint16_t (&r)[8]) const {
+    const Philox4 o = philox4x32_10({uint32_t(j16), uint32_t(i16) * 32u + uint32_t(lane), uint32_t(bh), offset_lo}, key0, key1);
     const uint32_t words[4] = {o.x, o.y, o.z, o.w};
     for (int e = 0; e < 8; ++e) r[e] = uint16_t(words[e / 2] >> (16 * (e % 2)));
   }
+  // Element e of a lane's 8 in its tile: (row, key) in the tile.
+  FA_DROPOUT_HD static int tile_row(int lane, int e) { return lane / 4 + 8 * ((e / 2) % 2); }
+  FA_DROPOUT_HD static int tile_key(int lane, int e) { return 2 * (lane % 4) + e % 2 + 8 * (e / 4); }
   FA_DROPOUT_HD bool kept(uint16_t r) const { return r >= threshold; }
   // One element, for the references (a call per element: slow, exact).
-  FA_DROPOUT_HD bool kept(int32_t b_times_heads_plus_h, int32_t i, int32_t j) const {
-    uint16_t r[8];
-    randoms(b_times_heads_plus_h, i, j / 8, r);
-    return kept(r[j % 8]);
+  FA_DROPOUT_HD bool kept(int32_t bh, int32_t i, int32_t j) const {
+    const int r = i % 16, c = j % 16;
+    uint16_t x[8];
+    randoms(bh, i / 16, j / 16, 4 * (r % 8) + (c % 8) / 2, x);
+    return kept(x[c % 2 + 2 * (r / 8) + 4 * (c / 8)]);
   }
 };
 

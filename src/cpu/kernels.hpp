@@ -170,20 +170,21 @@ inline void add_alibi_t(float* s_t, int nv, int rows, int64_t m_pad, int64_t n0,
 }
 
 // Dropout's factors Z^T of a transposed block (nv keys from n0, queries from m0, row stride m_pad): the keep
-// scale or 0 (src/common/dropout.hpp), one Philox call per 8 keys of a row; lanes past `rows` 0.
-// bh: sequence * num_heads + query head.
+// scale or 0 (src/common/dropout.hpp), one Philox call per lane of each 16 x 16 tile the block touches; lanes
+// past `rows` 0. bh: sequence * num_heads + query head.
 inline void dropout_factors_t(float* z_t, int nv, int rows, int64_t m_pad, int64_t n0, int64_t m0,
                               const DropoutMask& dropout, int32_t bh) {
-  for (int i = 0; i < rows; ++i) {
-    uint16_t r[8];
-    int64_t group = -1;
-    for (int j = 0; j < nv; ++j) {
-      const int64_t key = n0 + j;
-      if (key / 8 != group) dropout.randoms(bh, int32_t(m0 + i), int32_t(group = key / 8), r);
-      z_t[j * m_pad + i] = dropout.kept(r[key % 8]) ? dropout.scale : 0.f;
-    }
-  }
-  for (int j = 0; j < nv; ++j) std::fill(z_t + j * m_pad + rows, z_t + (j + 1) * m_pad, 0.f);
+  for (int j = 0; j < nv; ++j) std::fill(z_t + j * m_pad, z_t + (j + 1) * m_pad, 0.f);
+  for (int64_t i16 = m0 / 16; i16 * 16 < m0 + rows; ++i16)
+    for (int64_t j16 = n0 / 16; j16 * 16 < n0 + nv; ++j16)
+      for (int lane = 0; lane < 32; ++lane) {
+        uint16_t r[8];
+        dropout.randoms(bh, int32_t(i16), int32_t(j16), lane, r);
+        for (int e = 0; e < 8; ++e) {
+          const int64_t i = i16 * 16 + DropoutMask::tile_row(lane, e) - m0, j = j16 * 16 + DropoutMask::tile_key(lane, e) - n0;
+          if (i >= 0 && i < rows && j >= 0 && j < nv) z_t[j * m_pad + i] = dropout.kept(r[e]) ? dropout.scale : 0.f;
+        }
+      }
 }
 
 // n elements of a row of dtype dt at src[offset ...] -> fp32.

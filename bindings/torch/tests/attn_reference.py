@@ -62,15 +62,18 @@ def _philox4x32_10(c, k0, k1):
 def dropout_factors(batch, heads, seqlen_q, seqlen_k, dropout_p, seed, offset=0):
     """(batch, heads, seqlen_q, seqlen_k) fp64 Z of the library's dropout (src/common/dropout.hpp, written apart
     from it here): 0 where dropped, else 65536 / (65536 - t), t = round(p 65536); key j of row i of (b, h) keeps iff
-    the 16-bit number j % 8 of Philox((j / 8, i, b heads + h, offset), (seed, seed >> 32 ^ offset >> 32)) >= t."""
+    16-bit number e = j % 2 + 2 (i % 16 / 8) + 4 (j % 16 / 8) of Philox((j / 16, 32 (i / 16) + 4 (i % 8) + j % 8 / 2,
+    b heads + h, offset), (seed, seed >> 32 ^ offset >> 32)) is >= t."""
     t = min(int(dropout_p * 65536 + 0.5), 65535)
     bh = torch.arange(batch * heads, dtype=torch.int64)[:, None, None]
     i = torch.arange(seqlen_q, dtype=torch.int64)[None, :, None]
     j = torch.arange(seqlen_k, dtype=torch.int64)[None, None, :]
     shape = (batch * heads, seqlen_q, seqlen_k)
-    c = [(j // 8).expand(shape), i.expand(shape), bh.expand(shape), torch.full(shape, offset & 0xFFFFFFFF)]
+    lane = 4 * (i % 8) + (j % 8) // 2
+    c = [(j // 16).expand(shape), (32 * (i // 16) + lane).expand(shape), bh.expand(shape),
+         torch.full(shape, offset & 0xFFFFFFFF)]
     words = _philox4x32_10(c, seed & 0xFFFFFFFF, ((seed >> 32) ^ (offset >> 32)) & 0xFFFFFFFF)
-    e = (j % 8).expand(shape)
+    e = (j % 2 + 2 * ((i % 16) // 8) + 4 * ((j % 16) // 8)).expand(shape)
     word = torch.where(e // 2 == 0, words[0], torch.where(e // 2 == 1, words[1], torch.where(e // 2 == 2, words[2], words[3])))
     r = (word >> (16 * (e % 2))) & 0xFFFF
     return torch.where(r >= t, 65536.0 / (65536 - t), 0.0).double().reshape(batch, heads, seqlen_q, seqlen_k)
@@ -188,14 +191,16 @@ def plain_sequential_varlen(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, **kw):
     return [torch.cat([part[i][0] for part in parts], 0) for i in range(4)]
 
 
-def gradient_floor(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+def gradient_floor(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
+                   dropout=None):
     """Per-element fp32 floors of (o, dq, dk, dv), as the C++ harness (tests/support/plain.cpp) has them.
     o: a flash forward computes P_ij from fp32 scores, a running max and sum and lse, each exact to
     eps_i = 4 u (|lse_i| + max_j |s_ij| + sqrt(n_i) + sqrt(d) max_j scale |q_i| . |k_j|) relative,
     so o_ic is off by up to eps_i sum_j P_ij |v_jc|.
     Gradients: a backward recomputes P, dP_ij = dO_i . V_j and D_i = dO_i . O_i in fp32, each dot
     product off by up to (d + 8) u of its |terms|, so dS_ij is off by up to (2 d + 16) u P_ij
-    (|dP_ij| + |D_i|), and each gradient element by (2 d + 16) u times its sum of |terms|."""
+    (|dP_ij| + |D_i|), and each gradient element by (2 d + 16) u times its sum of |terms|. dropout (Z): the same
+    terms with P Z where the dropped P enters (o, dV) and dP Z for dP."""
     q, k, v, dout = (t.detach().double() for t in (q, k, v, dout))
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -209,11 +214,13 @@ def gradient_floor(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, 
     mask = visible(sq, sk, causal, window[0], window[1], q.device)
     p = torch.where(mask.any(-1, keepdim=True), torch.softmax(torch.where(mask, s, float("-inf")), -1), 0.0)
     dp = torch.einsum("bihd,bjhd->bhij", dout, ve)
+    z = dropout.to(device=q.device, dtype=torch.float64) if dropout is not None else torch.ones_like(p)
+    dp = dp * z
     D = (p * dp).sum(-1, keepdim=True)
     ds_abs = p * (dp.abs() + D.abs()) * dcap * scale
     dq_abs = torch.einsum("bhij,bjhd->bihd", ds_abs, ke.abs())
     dk_abs = torch.einsum("bhij,bihd->bjhd", ds_abs, q.abs()).unflatten(2, (hk, h // hk)).sum(3)
-    dv_abs = torch.einsum("bhij,bihd->bjhd", p, dout.abs()).unflatten(2, (hk, h // hk)).sum(3)
+    dv_abs = torch.einsum("bhij,bihd->bjhd", p * z, dout.abs()).unflatten(2, (hk, h // hk)).sum(3)
     c = (2 * d + 16) * U32
     def row_max(x):  # (b, h, sq, sk) -> (b, h, sq), 0 with no key
         return x.where(mask, 0.0).amax(-1) if sk > 0 else x.new_zeros(x.shape[:-1])
@@ -222,7 +229,7 @@ def gradient_floor(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, 
     lse = torch.logsumexp(torch.where(mask, s, float("-inf")), -1)
     n = mask.sum(-1).double()
     eps = 4 * U32 * (lse.abs().where(torch.isfinite(lse), 0.0) + s_abs + n.sqrt() + math.sqrt(d) * dot_abs)
-    o_abs = torch.einsum("bhij,bjhd->bihd", p * eps[..., None], ve.abs())
+    o_abs = torch.einsum("bhij,bjhd->bihd", p * z * eps[..., None], ve.abs())
     return o_abs, c * dq_abs, c * dk_abs, c * dv_abs
 
 

@@ -173,7 +173,8 @@ def test_dropout_on_the_cpu(dtype, kw):
     qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
     plain_out, _ = plain_attention(qq, kk, vv, **plain_kw)
     plain = [plain_out, *torch.autograd.grad(plain_out, (qq, kk, vv), dout)]
-    check_rule("out", out, ref[0], plain[0], 2, dtype)
-    for name, g, r, pl in zip(("dq", "dk", "dv"), grads, ref[2:], plain[1:]):
-        check_rule(name, g, r, pl, 3, dtype)
+    floors = gradient_floor(q, k, v, dout, **plain_kw)  # a recomputing backward's fp32 error (the C++ harness's)
+    check_rule("out", out, ref[0], plain[0], 2, dtype, floors[0])
+    for name, g, r, pl, floor in zip(("dq", "dk", "dv"), grads, ref[2:], plain[1:], floors[1:]):
+        check_rule(name, g, r, pl, 3, dtype, floor)
     assert (z == 0).float().mean().item() == pytest.approx(p_drop, abs=0.02)
