@@ -154,21 +154,22 @@ Status reference_backward(const fa_params& p) {
         std::vector<double> dq(size_t(sq) * d, 0.0);
         for (int i = 0; i < sq; ++i) {
           // dP_ij = dO_i . V_j ; D_i = sum_j P_ij dP_ij ; dS_ij = P_ij (dP_ij - D_i)
-          std::vector<double> dp(sk, 0.0);
+          std::vector<double> dp(sk, 0.0), z(sk, 1.0);  // z: dropout's factors of the row (1 without)
           double D = 0;
           for (int j = 0; j < sk; ++j) {
             double pij = s[size_t(i) * sk + j];
             if (pij == 0) continue;
             double acc = 0;
             for (int c = 0; c < d; ++c) acc += dout[size_t(i) * d + c] * v[size_t(j) * d + c];
-            dp[j] = acc * hp.keep(i, j);
+            z[j] = hp.keep(i, j);
+            dp[j] = acc * z[j];
             D += pij * dp[j];
           }
           for (int j = 0; j < sk; ++j) {
             double pij = s[size_t(i) * sk + j];
             if (pij == 0) continue;
             double ds = pij * (dp[j] - D) * dcap[size_t(i) * sk + j];  // chain through softcap and scale
-            const double pdij = pij * hp.keep(i, j);
+            const double pdij = pij * z[j];
             for (int c = 0; c < d; ++c) {
               dv[size_t(j) * d + c] += pdij * dout[size_t(i) * d + c];
               dq[size_t(i) * d + c] += ds * k[size_t(j) * d + c];

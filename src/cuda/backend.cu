@@ -34,7 +34,7 @@ int current_sm() {
 
 fa_impl best_impl(const fa_params& p, bool backward) {
   if (current_sm() != 90) return FA_IMPL_CUDA_SM80;
-  // ALiBi: sm80, whose forward takes it (and whose backward says it does not yet).
+  // ALiBi: the sm80 backward (the sm90 one does not take it).
   if (backward) return sm90_backward_supports(p) && !p.alibi_slopes ? FA_IMPL_CUDA_SM90 : FA_IMPL_CUDA_SM80;
   if (!sm90_supports(p)) return FA_IMPL_CUDA_SM80;
   // Decode (a few query rows over a long cache) runs the sm80 forward's decode configs: 16-row tiles
