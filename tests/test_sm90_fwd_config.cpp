@@ -124,9 +124,9 @@ TEST(Sm90FwdConfig, Hdim128NextQAfterKeysOnlyWithoutAMask) {
 // from that run: the runs are contiguous, and every choice is of the problem's head dim.
 TEST(Sm90FwdConfig, EveryChoiceIsOfTheProblemsHeadDim) {
   using flashattn::cuda::sm90::fwd_config;
-  for (int k = 0; k < int(FwdKernel::kHdim256LongNoMask); ++k)
+  for (int k = 0; k < int(FwdKernel::kHdim256Alibi); ++k)
     EXPECT_LE(fwd_config(FwdKernel(k)).head_dim, fwd_config(FwdKernel(k + 1)).head_dim) << "kernel " << k;
-  EXPECT_EQ(fwd_config(FwdKernel(int(FwdKernel::kHdim256LongNoMask) + 1)).head_dim, 0);
+  EXPECT_EQ(fwd_config(FwdKernel(int(FwdKernel::kHdim256Alibi) + 1)).head_dim, 0);
   for (int d : {64, 128, 256})
     for (int seqlen : {1, 100, 129, 1000, 2048, 2049, 5000, 8192, 8193, 12289, 16384})
       for (bool causal : {false, true})
@@ -147,6 +147,26 @@ TEST(Sm90FwdConfig, Hdim256) {
   EXPECT_EQ(fwd_kernel(problem(256, 512, 8192)), FwdKernel::kHdim256);
   EXPECT_EQ(fwd_kernel(problem(256, 512, 8193)), FwdKernel::kHdim256LongNoMask);
   EXPECT_EQ(fwd_kernel(problem(256, 16384, 16384, true)), FwdKernel::kHdim256);
+}
+
+// ALiBi: its head dim's ALiBi kernel at any shape and mask, the only ones with the bias.
+TEST(Sm90FwdConfig, AlibiRunsItsOwnKernels) {
+  using flashattn::cuda::sm90::fwd_config;
+  static const float slopes[1] = {0.5f};
+  const FwdKernel alibi[] = {FwdKernel::kHdim64Alibi, FwdKernel::kHdim128Alibi, FwdKernel::kHdim256Alibi};
+  for (int i = 0; i < 3; ++i)
+    for (int seqlen : {1, 129, 2049, 8193, 16384})
+      for (bool causal : {false, true}) {
+        fa_params p = problem(64 << i, seqlen, seqlen, causal);
+        EXPECT_NE(fwd_kernel(p), alibi[i]);
+        p.alibi_slopes = slopes;
+        EXPECT_EQ(fwd_kernel(p), alibi[i]) << "head_dim " << (64 << i) << " seqlen " << seqlen << " causal " << causal;
+      }
+  for (int k = 0; k <= int(FwdKernel::kHdim256Alibi); ++k) {
+    const FwdKernel kernel = FwdKernel(k);
+    const bool is_alibi = kernel == alibi[0] || kernel == alibi[1] || kernel == alibi[2];
+    EXPECT_EQ(fwd_config(kernel).alibi, is_alibi) << "kernel " << k;
+  }
 }
 
 }  // namespace

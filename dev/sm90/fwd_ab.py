@@ -4,7 +4,8 @@ order), median of N calls (CUDA events, back to back) each time; IMPL: another i
 flashattn-sm80); SOFTCAP=c: scores capped (c * tanh(s / c)); ALIBI=1: ALiBi; CUDNN=1: torch's cuDNN SDPA (no_grad, o
 alone, as the library benchmark times it) as one more column, in the same rounds; BWD=1: the backward (with
 CUDNN=1 cuDNN's through autograd, as the library benchmark times it). usage: python3 dev/sm90/fwd_ab.py
-NAME=LIB,NAME=LIB [SHAPES]. SHAPES: ';'-separated
+NAME=LIB,NAME=LIB [SHAPES] (NAME@IMPL=LIB: that build through IMPL, e.g. one library's sm90 and sm80
+forwards side by side). SHAPES: ';'-separated
 "d,causal,seqlen[,heads[,batch[,window_left[,window_right]]]]" (a window: window_right 0 unless given;
 TFLOP/s then count the scores inside it); default: the
 standard sweep at head_dim 128 (16k tokens, 2048 / d heads). Prints TFLOP/s per build (the median over
@@ -57,7 +58,7 @@ for shape in shapes:
     if ALIBI:
         slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / heads) for i in range(heads)], device="cuda")
         extra["alibi_slopes"] = slopes.data_ptr()
-    ours = {n: gb.Ours(lib, IMPL, q, k, v, bool(causal), window_left=wl, window_right=wr, **extra)
+    ours = {n: gb.Ours(lib, n.partition("@")[2] or IMPL, q, k, v, bool(causal), window_left=wl, window_right=wr, **extra)
             for n, lib in libs.items()}
     calls = {n: o.forward for n, o in ours.items()}
     if BWD:  # the backward instead (dq, dk, dv from o, lse and a fixed dout)

@@ -1,7 +1,7 @@
 // The Hopper (TMA + wgmma) forward against the fp64 reference with the anchor rule: the standard
 // awkward-shape list in fp16 and bf16 for head dims 64, 128 and 256, plus shapes long enough that
 // every CTA of the persistent grid runs several tiles through the k/v ring (causal, windowed,
-// softcapped, GQA, varlen with empty sequences) and causal ones long enough for the configurations
+// softcapped, GQA, varlen with empty sequences, ALiBi) and causal ones long enough for the configurations
 // of many query rows (launch_template.cuh). Skips without an sm_90 GPU.
 #include <gtest/gtest.h>
 
@@ -59,6 +59,18 @@ std::vector<Case> sm90_forward_cases() {
       out.push_back(l);
       l.causal = true;
       out.push_back(l);
+      // ALiBi (its own kernel a head dim): per head and per sequence, causal with tiles overhanging row 0,
+      // more queries than keys, a window with softcap, varlen with empty sequences.
+      Case a = fa_test::make_case(dt, 2, 300, 333, 4, 2, d);
+      a.alibi = 1, a.alibi_max_slope = 0.5f;
+      out.push_back(a);
+      a.alibi = 2, a.causal = true, a.seqlen_q = 1000, a.seqlen_k = 700;
+      out.push_back(a);
+      a.causal = false, a.window_left = 100, a.window_right = 30, a.softcap = 5.f, a.alibi_max_slope = 4.f;
+      out.push_back(a);
+      Case av = fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 4, 1, d), {400, 0, 129, 1}, {300, 40, 0, 500});
+      av.alibi = 2, av.alibi_max_slope = 1.f, av.causal = true;
+      out.push_back(av);
       // Head_dim 256 up to 1k keys (ping-pong) with several tiles a CTA, GQA 4:1, without a mask and causal.
       if (d == 256) {
         Case pp = fa_test::make_case(dt, 4, 640, 1000, 16, 4, 256);

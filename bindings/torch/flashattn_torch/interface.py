@@ -9,7 +9,7 @@ a seed, src/common/dropout.hpp). dropout_p > 0 draws that seed from torch's gene
 torch.manual_seed repeats it) and runs on the CPU so far; the GPU kernels raise the library's error
 naming dropout_p. block_table outside flash_attn_with_kvcache raises NotImplementedError; nothing is
 silently ignored. alibi_slopes (fp32 (nheads,) or (batch, nheads))
-runs forward and backward on the CPU and on the GPU (the library's sm80 kernels).
+runs forward and backward on the CPU and on the GPU.
 """
 
 import torch

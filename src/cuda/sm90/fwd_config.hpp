@@ -27,6 +27,7 @@ struct FwdConfig {
   bool pingpong = false;        // the 2 consumer warpgroups take turns at their GEMMs (Traits::kPingPong)
   int q_after_kv_from = 0;      // tiles of q_after_kv_from to q_after_kv_to key blocks load the next q after
   int q_after_kv_to = 0;        // their k, v (Traits::kQAfterKVTo); 0: none
+  bool alibi = false;           // ALiBi's bias on the scores (fa_params::alibi_slopes; a kernel of its own)
   constexpr int block_m() const { return 64 * consumers; }
 };
 
@@ -38,6 +39,7 @@ enum class FwdKernel {
   kHdim64ThreeWarpgroupsOptimistic,
   kHdim64ThreeWarpgroupsCausal,
   kHdim64Serial,
+  kHdim64Alibi,
   kHdim128ShortKeys,
   kHdim128ShortKeysOptimistic,
   kHdim128ShortKeysCausal,
@@ -45,9 +47,11 @@ enum class FwdKernel {
   kHdim128LongCausal,
   kHdim128SerialSplit,
   kHdim128Serial,
+  kHdim128Alibi,
   kHdim256ShortKeys,
   kHdim256,
   kHdim256LongNoMask,
+  kHdim256Alibi,
 };
 
 // A kernel with the optimistic softmax: its key blocks from the last down, or ascending (keys_forward).
@@ -69,6 +73,7 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
     case FwdKernel::kHdim64ThreeWarpgroupsCausal:
       return optimistic(fwd_config(FwdKernel::kHdim64ThreeWarpgroups), true);
     case FwdKernel::kHdim64Serial: return {.head_dim = 64, .block_n = 192, .consumers = 3, .serial = true};
+    case FwdKernel::kHdim64Alibi: return {.head_dim = 64, .block_n = 128, .consumers = 3, .alibi = true};
     case FwdKernel::kHdim128ShortKeys:
       return {.head_dim = 128, .block_n = 128, .rescale_early = true, .pingpong = true};
     case FwdKernel::kHdim128ShortKeysOptimistic: {
@@ -85,9 +90,12 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
     case FwdKernel::kHdim128SerialSplit:
       return {.head_dim = 128, .block_n = 128, .consumers = 3, .serial = true, .tail_split = true};
     case FwdKernel::kHdim128Serial: return {.head_dim = 128, .block_n = 128, .consumers = 3, .serial = true};
+    case FwdKernel::kHdim128Alibi:
+      return {.head_dim = 128, .block_n = 128, .rescale_early = true, .pingpong = true, .alibi = true};
     case FwdKernel::kHdim256ShortKeys: return {.head_dim = 256, .block_n = 64, .pingpong = true};
     case FwdKernel::kHdim256: return {.head_dim = 256, .block_n = 64};
     case FwdKernel::kHdim256LongNoMask: return {.head_dim = 256, .block_n = 80};
+    case FwdKernel::kHdim256Alibi: return {.head_dim = 256, .block_n = 64, .alibi = true};
   }
   return {};  // past the last: head_dim 0
 }
@@ -185,6 +193,10 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //                 16k: step 50); block_n 80 (no room left for the slab) non-causal past 8k keys: +3% at
 //                 16k, even at 8k, 2-8% slower below.
 inline FwdKernel fwd_kernel(const fa_params& p) {
+  // ALiBi: one kernel a head dim, the full softmax (not the optimistic one: the bias moves the rows' maxima
+  // with the keys) on the tiles of its plain kernels without a mask (head_dim 128: the short-key kernel's).
+  if (p.alibi_slopes)
+    return p.head_dim == 64 ? FwdKernel::kHdim64Alibi : p.head_dim == 128 ? FwdKernel::kHdim128Alibi : FwdKernel::kHdim256Alibi;
   if (p.head_dim == 64) {
     if (p.seqlen_q <= 128) return FwdKernel::kHdim64TwoWarpgroups;
     const Mask mask = mask_of(p);

@@ -155,6 +155,7 @@ Status launch(const fa_params& p) {
   fp.score_scale_log2 = fp.has_softcap ? kLog2e : scale * kLog2e;
   fp.softcap_pre = fp.has_softcap ? scale / p.softcap : 0.f;
   fp.softcap = p.softcap;
+  fp.alibi_slopes = p.alibi_slopes, fp.alibi_slopes_batch_stride = p.alibi_slopes_batch_stride;
   fp.causal = p.causal;
   fp.window_left = p.window_left;
   fp.window_right = p.window_right;
@@ -263,7 +264,7 @@ template <int kHeadDim, bool kBf16, int kIndex = 0, class F>
 auto with_kernel_traits(FwdKernel kernel, F&& f) {
   constexpr FwdConfig config = fwd_config(FwdKernel(kIndex));
   if constexpr (config.head_dim != kHeadDim) {
-    static_assert(kIndex < int(FwdKernel::kHdim256LongNoMask), "a head dim without a kernel");
+    static_assert(kIndex < int(FwdKernel::kHdim256Alibi), "a head dim without a kernel");
     return with_kernel_traits<kHeadDim, kBf16, kIndex + 1>(kernel, f);
   } else if constexpr (fwd_config(FwdKernel(kIndex + 1)).head_dim != kHeadDim) {
     return f(TraitsTag<Traits<config, kBf16>>{});

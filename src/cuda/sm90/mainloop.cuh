@@ -340,6 +340,33 @@ struct Consumer {
         }
   }
 
+  // ALiBi (Traits::kAlibi): s -= slope * |diagonal(row) - key| after the softcap (a masked -inf stays
+  // -inf), the slope in the scores' units (the softmax multiplies s by score_scale_log2, the bias is in
+  // units of the scaled scores). Per thread and tile: the slope, and its two rows' diagonals less its
+  // first key column (2 (thread % 4)); per block an element's distance is then a compile-time step.
+  struct AlibiRows {
+    float slope;
+    float diagonal[2];
+  };
+  __device__ __forceinline__ static AlibiRows alibi_rows(const Tile& tile, const FwdParams& p, int32_t row0) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    AlibiRows a;
+    a.slope = p.alibi_slopes[tile.batch * p.alibi_slopes_batch_stride + tile.head] * kLog2e / p.score_scale_log2;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      a.diagonal[i] = float(row0 + 8 * i + tile.seqlen_k - tile.seqlen_q - 2 * int32_t(threadIdx.x % 4));
+    return a;
+  }
+  __device__ __forceinline__ static void alibi_scores(float (&s)[kN / 2], const AlibiRows& a, int32_t key0) {
+    const float d[2] = {a.diagonal[0] - float(key0), a.diagonal[1] - float(key0)};
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) s[4 * n + 2 * i + j] -= a.slope * fabsf(d[i] - float(8 * n + j));
+  }
+
   // mask_scores with this thread's two rows' key ranges computed from the tile.
   __device__ __forceinline__ static void mask_block(float (&s)[kN / 2], const FwdParams& p, const TileWork& w,
                                                     int32_t n, int consumer_wg) {
@@ -522,6 +549,8 @@ struct Consumer {
       key_begin[i] = int32_t(mask.key_begin(row0 + 8 * i));
       key_end[i] = int32_t(mask.key_end(row0 + 8 * i));
     }
+    AlibiRows alibi{};
+    if constexpr (T::kAlibi) alibi = alibi_rows(tile, p, row0);
     const int64_t inner_begin = plan.inner_begin, inner_end = plan.inner_end;
     // The blocks plain_blocks gives, tested by key here: run_tile written with plain_blocks and
     // TileWork::needs_mask measured 2% slower at 512 keys (dev/sm90/results-h100-run18.txt, 18f).
@@ -586,6 +615,7 @@ struct Consumer {
     if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
     if (release_q && i == n_begin) mbar_arrive(&smem.q_empty[qs]);
     mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
+    if constexpr (T::kAlibi) alibi_scores(s, alibi, n * kN);
     online_softmax(s, p.score_scale_log2, corr);
     to_a_operand(s, pa);
     SM90_TRACE(p, consumer_wg, trace_count, 4);
@@ -620,6 +650,7 @@ struct Consumer {
         if (signals) mbar_arrive(&smem.k_empty[pipe.index]);
         if (release_q && i == n_begin) mbar_arrive(&smem.q_empty[qs]);
         mask_block(s, p, w, n, consumer_wg);
+        if constexpr (T::kAlibi) alibi_scores(s, alibi, n * kN);
         online_softmax(s, p.score_scale_log2, corr);
         rescale_o(corr);
         to_a_operand(s, pa);
@@ -648,6 +679,7 @@ struct Consumer {
         if (signals && !T::kOptimisticMax) mbar_arrive(&smem.k_empty[pipe.index]);
         if (!kQAfterCheck && release_q && i == n_begin) mbar_arrive(&smem.q_empty[qs]);
         mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
+        if constexpr (T::kAlibi) alibi_scores(s, alibi, n * kN);
         if constexpr (T::kOptimisticMax) {
           // The rare block whose max moved issues S again (outside the ping-pong turns, which count the
           // regular issues only) and takes the full softmax.

@@ -197,6 +197,8 @@ struct FwdParams {
   float4* tail_o;   // [piece slot][warpgroup][O float4 n][thread]: the accumulator registers as they are
   float4* tail_ml;  // [piece slot][warpgroup][thread]: (row_max[0], row_max[1], row_sum[0], row_sum[1])
   int32_t* tail_done;  // [split tile][warpgroup]: pieces finished (zeroed before the launch)
+  const float* alibi_slopes;  // ALiBi (Traits::kAlibi): slope of sequence b, head h at [b * stride + h]
+  int64_t alibi_slopes_batch_stride;
 #if FLASHATTN_SM90_TRACE
   long long* trace;
 #endif
@@ -305,6 +307,7 @@ struct Traits {
           ? FLASHATTN_SM90_STAGES
           : kHeadDim == 64 ? 3 : 2;
   static constexpr bool kTileOverlap = kConfig.tile_overlap;
+  static constexpr bool kAlibi = kConfig.alibi;  // ALiBi's bias (Consumer::alibi_scores)
   // Two q buffers where they fit: the next tile's q loads while this one runs.
   static constexpr int kQStages = 2 * kQBytes + 2 * kStages * kKVBytes <= kSmemLimit ? 2 : 1;
   // The epilogue stages O in the tile's q buffer (epilogue.cuh) when the other q buffer lets the
@@ -382,6 +385,7 @@ struct Traits {
   // head_dim 64 without a mask 0.5-4% slower at 8k-16k, head_dim 128 and 256 even (docs/sm90.md, steps 68, 70).
   static constexpr bool kInverseEarly = kHeadDim == 64 && (kConsumerWarpgroups == 2 || kKeysForward);
   static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap), "split tiles: head_dim 128, tile by tile");
+  static_assert(!kAlibi || (!kTileOverlap && !kTailSplit && !kOptimisticMax), "ALiBi: whole tiles, the full softmax");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   // setmaxnreg moves registers inside the pool the launch gave the CTA: 64K / kThreads a thread, in 8s.
