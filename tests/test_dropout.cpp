@@ -62,6 +62,29 @@ TEST(Dropout, EachElementOfATileIsOneNumberOfOneLane) {
     }
 }
 
+// The GPU kernels' keep bits: a lane's own tile as the forward holds it (rows x keys, bit e for number e),
+// and the tile transposed as the backward holds S^T (lane 4 g + t: key g + 8 (e / 2), row 8 nt + 2 t + e % 2,
+// bit 4 nt + e), each bit against kept(bh, i, j).
+TEST(Dropout, KeepBitsOfTheKernelsFragments) {
+  const DropoutMask m = DropoutMask::make(0.3f, 0xabcdef0123ull, 0x500000002ull);
+  for (int i16 : {0, 5})
+    for (int j16 : {0, 2})
+      for (int lane = 0; lane < 32; ++lane) {
+        const uint32_t bits = m.keep_bits(9, i16, j16, lane);
+        for (int e = 0; e < 8; ++e)
+          EXPECT_EQ((bits >> e) & 1u, uint32_t(m.kept(9, 16 * i16 + DropoutMask::tile_row(lane, e),
+                                                       16 * j16 + DropoutMask::tile_key(lane, e))))
+              << lane << " " << e;
+        const int g = lane / 4, t = lane % 4;
+        const uint32_t bits_t = m.keep_bits_transposed(9, i16, j16, g, t);
+        for (int nt = 0; nt < 2; ++nt)
+          for (int e = 0; e < 4; ++e)
+            EXPECT_EQ((bits_t >> (4 * nt + e)) & 1u,
+                      uint32_t(m.kept(9, 16 * i16 + 8 * nt + 2 * t + e % 2, 16 * j16 + g + 8 * (e / 2))))
+                << lane << " " << nt << " " << e;
+      }
+}
+
 // The fraction kept over 2^20 elements is 1 - threshold / 65536 within 5 standard deviations, and the
 // masks of two offsets differ.
 TEST(Dropout, KeepRateAndScale) {
@@ -187,9 +210,9 @@ TEST(Dropout, InvalidProbabilityOrImplementationIsAnErrorNamingIt) {
     EXPECT_EQ(fa_forward(&pr.p, FA_IMPL_CPU_REFERENCE), FA_ERROR_INVALID_ARGUMENT) << bad;
     EXPECT_NE(std::string(fa_last_error()).find("dropout_p"), std::string::npos) << fa_last_error();
   }
-  for (fa_impl impl : {FA_IMPL_CPU_FA1, FA_IMPL_CUDA_STANDARD, FA_IMPL_CUDA_SM80, FA_IMPL_CUDA_SM90}) {
+  for (fa_impl impl : {FA_IMPL_CPU_FA1, FA_IMPL_CUDA_STANDARD, FA_IMPL_CUDA_SM90}) {  // (sm80 takes it)
     Problem pr(0.1f);  // arguments come before the device: the same error on any machine
-    if (impl == FA_IMPL_CUDA_SM80 || impl == FA_IMPL_CUDA_SM90) pr.p.dtype = FA_FLOAT16;
+    if (impl == FA_IMPL_CUDA_SM90) pr.p.dtype = FA_FLOAT16;
     EXPECT_EQ(fa_forward(&pr.p, impl), FA_ERROR_UNSUPPORTED) << fa_impl_name(impl);
     EXPECT_NE(std::string(fa_last_error()).find("dropout_p"), std::string::npos) << fa_last_error();
   }

@@ -17,7 +17,7 @@ ImplLimits impl_limits(fa_impl impl) {
     case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true, true, true, false, false};
     case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true, true, true, true, true};
     case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false, false, false, false, false};
-    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true, true, true, true, false};
+    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true, true, true, true, true};
     case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false, false, true, false, false};
     default: return {0, false, false, false, false, false, false, false, false, false, false};
   }

@@ -10,8 +10,8 @@
 // holds rows r % 8 and + 8, keys 2 t, 2 t + 1 and + 8, + 9, as number e = c % 2 + 2 (r / 8) + 4 (c / 8)
 // of its call: counter (j / 16, 32 (i / 16) + lane, b * num_heads + h, low word of offset), key (low
 // word of seed, high word of seed xor high word of offset); number e is bits 16 (e % 2) of output word
-// e / 2. The forward's thread (rows x keys) makes one call a tile; a thread holding the transposed
-// tile (keys x rows) two.
+// e / 2. The forward's thread (rows x keys) makes one call a tile (keep_bits); a thread holding the
+// transposed tile (keys x rows) two (keep_bits_transposed).
 #pragma once
 
 #include <cstdint>
@@ -75,6 +75,29 @@ struct DropoutMask {
     const Philox4 o = philox4x32_10({uint32_t(j16), uint32_t(i16) * 32u + uint32_t(lane), uint32_t(bh), offset_lo}, key0, key1);
     const uint32_t words[4] = {o.x, o.y, o.z, o.w};
     for (int e = 0; e < 8; ++e) r[e] = uint16_t(words[e / 2] >> (16 * (e % 2)));
+  }
+  // Bit e set iff number e of lane `lane`'s 8 in tile (i16, j16) is kept: the GPU forward's thread, which
+  // holds the tile as that lane of the mma accumulator (rows x keys).
+  FA_DROPOUT_HD uint32_t keep_bits(int32_t bh, int32_t i16, int32_t j16, int lane) const {
+    const Philox4 o = philox4x32_10({uint32_t(j16), uint32_t(i16) * 32u + uint32_t(lane), uint32_t(bh), offset_lo}, key0, key1);
+    const uint32_t words[4] = {o.x, o.y, o.z, o.w};
+    uint32_t bits = 0;
+    for (int e = 0; e < 8; ++e) bits |= uint32_t(((words[e / 2] >> (16 * (e % 2))) & 0xffffu) >= threshold) << e;
+    return bits;
+  }
+  // The same tile held transposed (keys x rows, the backward's S^T) by lane 4 g + t of an mma accumulator:
+  // its element (n8 tile nt, accumulator element e), key g + 8 (e / 2) and row 8 nt + 2 t + e % 2 of the
+  // tile, is bit 4 nt + e. Those 8 numbers are half of each of two lanes' calls (8 t + g / 2 and + 4).
+  FA_DROPOUT_HD uint32_t keep_bits_transposed(int32_t bh, int32_t i16, int32_t j16, int g, int t) const {
+    uint32_t bits = 0;
+    for (int j = 0; j < 2; ++j) {  // e % 2
+      const Philox4 o =
+          philox4x32_10({uint32_t(j16), uint32_t(i16) * 32u + uint32_t(8 * t + 4 * j + g / 2), uint32_t(bh), offset_lo}, key0, key1);
+      const uint32_t words[4] = {o.x, o.y, o.z, o.w};  // word nt + 2 (e / 2), half g % 2
+      for (int w = 0; w < 4; ++w)
+        bits |= uint32_t(((words[w] >> (16 * (g % 2))) & 0xffffu) >= threshold) << (4 * (w % 2) + 2 * (w / 2) + j);
+    }
+    return bits;
   }
   // Element e of a lane's 8 in its tile: (row, key) in the tile.
   FA_DROPOUT_HD static int tile_row(int lane, int e) { return lane / 4 + 8 * ((e / 2) % 2); }

@@ -46,6 +46,21 @@ std::vector<Case> sm80_backward_cases() {
       c.window_right = -1, c.causal = true;
       out.push_back(c);
     }
+    // Dropout (the score-mod instances): the shared cases, then every kernel head dim over several k- and
+    // q-blocks, causal and not, and the last wave's pieces (d64, d128: their dK, dV meet in fp32, then scaled).
+    for (const Case& dc : fa_test::dropout_cases(dt)) out.push_back(dc);
+    for (int d : {32, 64, 96, 128, 192, 256}) {
+      c = make_case(dt, 1, 200, 333, 4, 2, d);
+      c.dropout_p = 0.25f, c.dropout_seed = uint64_t(d) * 1000003u;
+      out.push_back(c);
+      c.causal = true, c.dropout_p = 0.7f;
+      out.push_back(c);
+    }
+    for (int d : {64, 128}) {
+      c = make_case(dt, 1, 700, 1000, 8, 2, d);
+      c.dropout_p = 0.1f, c.dropout_seed = 99;
+      out.push_back(c);
+    }
     for (int d : {32, 64, 96, 128, 192, 256}) {  // softcap: the score-mod instance; blocks masked and not
       c = make_case(dt, 1, 300, 333, 4, 2, d);
       c.softcap = 10.f;
@@ -89,6 +104,8 @@ std::vector<Case> sm80_deterministic_cases() {
     }
     Case a = make_case(dt, 2, 256, 700, 4, 2, 128);  // ALiBi through the deterministic dQ path
     a.deterministic = true, a.alibi = 1;
+    out.push_back(a);
+    a.alibi = 0, a.dropout_p = 0.3f, a.dropout_seed = 4;  // and dropout
     out.push_back(a);
     Case c = make_case(dt, 1, 1, 1, 4, 1, 64);
     c.deterministic = true, c.causal = true, c.window_left = 100;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <ostream>
+#include <string>
 
 #include "cuda/common.cuh"
 #include "support/harness.hpp"
@@ -32,6 +33,23 @@ std::vector<Case> sm80_forward_cases() {
     Case a = fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 4, 4, 96), {200, 17, 0, 130}, {180, 300, 40, 1});
     a.alibi = 1, a.alibi_max_slope = 1.f, a.softcap = 5.f, a.window_left = 100, a.window_right = 20;
     out.push_back(a);
+    // Dropout (the table's tiles at any number of rows, kAlibiDropout): the shared cases, then several q-
+    // and k-blocks at every kernel head dim, forced splits, a decode step with GQA (not the GQA decode
+    // view, whose rows are heads).
+    for (const Case& c : fa_test::dropout_cases(dt)) out.push_back(c);
+    for (int d : {32, 64, 96, 128, 192, 256}) {
+      Case c = fa_test::make_case(dt, 2, 300, 333, 4, 2, d);
+      c.dropout_p = 0.15f, c.dropout_seed = uint64_t(d) << 40 | 77;
+      out.push_back(c);
+      c.causal = true, c.dropout_p = 0.6f;
+      if (d == 64 || d == 128 || d == 256) out.push_back(c);
+    }
+    Case ds = fa_test::make_case(dt, 2, 70, 1000, 4, 2, 128);
+    ds.dropout_p = 0.2f, ds.dropout_seed = 5, ds.num_splits = 3, ds.causal = true;
+    out.push_back(ds);
+    ds = fa_test::make_case(dt, 2, 1, 3000, 8, 2, 64);
+    ds.dropout_p = 0.1f, ds.dropout_seed = 6;
+    out.push_back(ds);
     // block_table: pages holding whole key blocks (256; 64 at head_dim <= 128 but 64's block_n 128),
     // pages looked up a row at a time (16, 7), and pages of both kinds of block (100: a block inside a
     // page takes one lookup, one across two a lookup per row).
@@ -109,6 +127,45 @@ TEST_P(Sm80Forward, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Standard, Sm80Forward, testing::ValuesIn(sm80_forward_cases()), param_name);
+
+// Dropout through FA_IMPL_AUTO: on Hopper the sm90 kernels do not take it, and the dispatcher picks the
+// sm80 ones (forward and backward).
+TEST(Sm80Dropout, AutoPicksKernelsThatTakeIt) {
+  FA_SKIP_WITHOUT_CUDA();
+  Case c = fa_test::make_case(FA_BFLOAT16, 2, 500, 500, 4, 2, 128);
+  c.dropout_p = 0.1f, c.dropout_seed = 3, c.causal = true;
+  EXPECT_TRUE(fa_test::check_forward(c, FA_IMPL_AUTO, fa_test::Space::Cuda));
+  EXPECT_TRUE(fa_test::check_backward(c, FA_IMPL_AUTO, fa_test::Space::Cuda));
+}
+
+// Dropout with a paged or left-padded KV cache: a clear error naming both (dropout is for training).
+TEST(Sm80Dropout, AKvCacheIsAClearError) {
+  FA_SKIP_WITHOUT_CUDA();
+  constexpr int kRows = 16, kDim = 64;
+  void* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, 4 * kRows * kDim * 2 + 256), cudaSuccess);
+  char* base = static_cast<char*>(buf);
+  const int32_t table_host[1] = {0};
+  int32_t* table = reinterpret_cast<int32_t*>(base + 4 * kRows * kDim * 2);
+  ASSERT_EQ(cudaMemcpy(table, table_host, sizeof(table_host), cudaMemcpyHostToDevice), cudaSuccess);
+  fa_params p;
+  fa_params_init(&p);
+  p.dtype = FA_FLOAT16, p.batch = 1, p.seqlen_q = kRows, p.seqlen_k = kRows, p.num_heads = 1, p.num_heads_kv = 1;
+  p.head_dim = kDim;
+  p.q = base, p.k = base + kRows * kDim * 2, p.v = base + 2 * kRows * kDim * 2, p.o = base + 3 * kRows * kDim * 2;
+  for (int64_t* s : {&p.q_row_stride, &p.k_row_stride, &p.v_row_stride, &p.o_row_stride}) *s = kDim;
+  for (int64_t* s : {&p.q_batch_stride, &p.k_batch_stride, &p.v_batch_stride, &p.o_batch_stride}) *s = kRows * kDim;
+  for (int64_t* s : {&p.q_head_stride, &p.k_head_stride, &p.v_head_stride, &p.o_head_stride}) *s = kDim;
+  p.dropout_p = 0.1f;
+  p.block_table = table, p.block_table_batch_stride = 1, p.page_block_size = kRows, p.num_pages = 1;
+  EXPECT_EQ(fa_forward(&p, FA_IMPL_CUDA_SM80), FA_ERROR_UNSUPPORTED);
+  const std::string message = fa_last_error();
+  EXPECT_NE(message.find("dropout_p"), std::string::npos) << message;
+  EXPECT_NE(message.find("block_table"), std::string::npos) << message;
+  p.block_table = nullptr, p.page_block_size = 0, p.num_pages = 0;
+  EXPECT_EQ(fa_forward(&p, FA_IMPL_CUDA_SM80), FA_OK) << fa_last_error();
+  cudaFree(buf);
+}
 
 // The sm80 launchers check a kernel's shared memory against the GPU's per-block limit (the tables
 // are sized for the A100; sm_86 / sm_89 cards allow 99 KB): beyond it, an error that names the

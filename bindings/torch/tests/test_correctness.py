@@ -151,11 +151,13 @@ def test_alibi(dtype, per_sequence, kw, device):
 @pytest.mark.parametrize("kw", [{}, {"causal": True, "alibi": True}, {"window_size": (20, 5), "softcap": 2.0}],
                          ids=["full", "causal_alibi", "window_softcap"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
-def test_dropout_on_the_cpu(dtype, kw):
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout(device, dtype, kw):
     """Dropout (dropout_p): out and gradients against attention with the same mask computed here in Python
     (attn_reference.dropout_factors), in fp64 and, for the error rule, in the inputs' dtype; the seed is the
-    one the binding draws from torch's generator."""
-    device, batch, h, hk, d, sq, sk, p_drop = "cpu", 2, 4, 2, 32, 45, 70, 0.3
+    one the binding draws from torch's generator. On CUDA: the sm80 kernels (on Hopper too)."""
+    skip_unsupported(device, dtype)
+    batch, h, hk, d, sq, sk, p_drop = 2, 4, 2, 32, 45, 70, 0.3
     torch.manual_seed(1)
     q, k, v = make((batch, sq, h, d), dtype, device), make((batch, sk, hk, d), dtype, device), make((batch, sk, hk, d), dtype, device)
     slopes = alibi_slopes(False, batch, h, device) if kw.get("alibi") else None

@@ -11,6 +11,9 @@
 //        dV_j += P^T dO_i                  dK_j += dS^T Q_i          (A operands straight from registers)
 //        dQ_i += dS K_j                    (dS^T through shared memory, fp32 atomics into the accumulator)
 //      dK_j * softmax_scale and dV_j are written in the dtype at the end.
+//      Dropout (the score-mod instance): with Z the kept elements' mask, dV_j += (P^T Z^T) dO_i,
+//      dS^T = P^T * (dP^T Z^T / (1 - p) - D), and dV_j scaled by 1 / (1 - p) at the end (D = rowsum(dO O)
+//      with O the dropped forward's output).
 //   3. bwd_convert_dq_kernel: dq = dQ accumulator * softmax_scale in the dtype.
 // Computing S^T (keys as mma rows) instead of S lets each warp own whole key rows: the C fragments of
 // S^T and dS^T are the A fragments of the dV and dK products, so only dS makes a shared-memory trip.
@@ -501,6 +504,31 @@ __device__ __forceinline__ void probs_and_grads(float (&s)[kTiles][4], float (&d
   }
 }
 
+// Dropout on a thread's fragments of S^T and dP^T (keys x queries, kTiles n8 tiles of queries from a
+// multiple of 16): keep[q] the bits of query tile q (DropoutMask::keep_bits_transposed, bit 4 (nt % 2) + e).
+// Before probs_and_grads dP^T's dropped elements are zeroed and the kept ones scaled (so dS = P (dP Z - D));
+// after it P^T's dropped ones are zeroed (dV's scale comes at the end).
+template <int kTiles>
+__device__ __forceinline__ void dropout_keep(const DropoutMask& d, uint32_t (&keep)[kTiles / 2], int bh, int i16, int j16,
+                                             int g, int t) {
+#pragma unroll
+  for (int q = 0; q < kTiles / 2; ++q) keep[q] = d.keep_bits_transposed(bh, i16 + q, j16, g, t);
+}
+template <int kTiles>
+__device__ __forceinline__ void dropout_dp(float (&dp)[kTiles][4], const uint32_t (&keep)[kTiles / 2], float scale) {
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[nt][e] = (keep[nt / 2] >> (4 * (nt % 2) + e)) & 1u ? dp[nt][e] * scale : 0.f;
+}
+template <int kTiles>
+__device__ __forceinline__ void dropout_p(float (&s)[kTiles][4], const uint32_t (&keep)[kTiles / 2]) {
+#pragma unroll
+  for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = (keep[nt / 2] >> (4 * (nt % 2) + e)) & 1u ? s[nt][e] : 0.f;
+}
+
 template <class T, int kHeadDim>
 struct BwdTraits {
   static constexpr BwdConfig kConfig = bwd_config(kHeadDim);
@@ -517,8 +545,8 @@ struct BwdTraits {
   static_assert(kSmemBytes == 2 * TileKV::kBytes + 2 * 2 * TileQ::kBytes + TileDs::kBytes + 2 * 2 * kBlockM * 4);
 };
 
-// kScoreMod: the instance for softcapped or ALiBi scores (bp.softcap > 0 or bp.alibi_slopes), whose every
-// block takes the general path; the other one's general path is the mask alone.
+// kScoreMod: the instance for softcapped or ALiBi scores (bp.softcap > 0 or bp.alibi_slopes) and for
+// dropout, whose every block takes the general path; the other one's general path is the mask alone.
 template <class T, int kHeadDim, bool kScoreMod>
 __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T, kHeadDim>::kConfig.ctas_per_sm)
     bwd_main_kernel(const BwdParams p) {
@@ -650,9 +678,20 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
         band.alibi_diag = seqlen_k - seqlen_q - (n0 - m0), band.alibi_slope_log2 = alibi_slope_log2;
       const float* lse_cols = lse_s + c0 + 2 * t;  // this thread's query columns: + nt * 8 + {0, 1}
       const float* dsum_cols = dsum_s + c0 + 2 * t;
-      if constexpr (kScoreMod) probs_and_grads<true>(s, dp, lse_cols, dsum_cols, p, band, need_mask);
-      else if (need_mask) probs_and_grads<true, kMTiles, false>(s, dp, lse_cols, dsum_cols, p, band, true);
-      else probs_and_grads<false>(s, dp, lse_cols, dsum_cols, p, band, false);
+      if constexpr (kScoreMod) {
+        uint32_t keep[kMTiles / 2];  // dropout's (the warp's 16 keys x the chunk's query tiles)
+        const bool dropout = p.dropout.on();
+        if (dropout) {
+          dropout_keep<kMTiles>(p.dropout, keep, b * p.num_heads + h, (m0 + c0) / 16, (n0 + warp_row) / 16, g, t);
+          dropout_dp(dp, keep, p.dropout.scale);
+        }
+        probs_and_grads<true>(s, dp, lse_cols, dsum_cols, p, band, need_mask);
+        if (dropout) dropout_p(s, keep);
+      } else if (need_mask) {
+        probs_and_grads<true, kMTiles, false>(s, dp, lse_cols, dsum_cols, p, band, true);
+      } else {
+        probs_and_grads<false>(s, dp, lse_cols, dsum_cols, p, band, false);
+      }
 
       // Packed once: A fragments of dV += P^T dO_i and dK += dS^T Q_i, and dS^T for dQ in shared memory.
       uint32_t a_p[kNp][4], a_ds[kNp][4];
@@ -749,11 +788,13 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
   }
   cp_async_wait<0>();  // nothing in flight at exit (a k-block that no q-block sees still loads K_j, V_j)
 
-  // dK_j * softmax_scale and dV_j in the dtype (rows past seqlen_k and padded columns dropped).
+  // dK_j * softmax_scale and dV_j (* dropout's 1 / (1 - p)) in the dtype (rows past seqlen_k and padded
+  // columns dropped).
   T* dk = static_cast<T*>(p.dk) +
           bwd_offset(seq, seq.k_start, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, n0, head_kv);
   T* dv = static_cast<T*>(p.dv) +
           bwd_offset(seq, seq.k_start, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, n0, head_kv);
+  const float dv_scale = kScoreMod ? p.dropout.scale : 1.f;
 #pragma unroll
   for (int nt = 0; nt < kDTiles; ++nt) {
 #pragma unroll
@@ -762,8 +803,8 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
       if (n0 + row >= seqlen_k) continue;
       store2<T>(dk + int64_t(row) * p.dk_row_stride, col, p.head_dim, acc_dk[nt][2 * half] * p.softmax_scale,
                 acc_dk[nt][2 * half + 1] * p.softmax_scale, vectorized);
-      store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[nt][2 * half], acc_dv[nt][2 * half + 1],
-                vectorized);
+      store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[nt][2 * half] * dv_scale,
+                acc_dv[nt][2 * half + 1] * dv_scale, vectorized);
     }
   }
 }

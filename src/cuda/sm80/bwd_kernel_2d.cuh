@@ -330,9 +330,21 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       // Softcap is a kernel instance of its own: with the softcap test inside the masked blocks' body
       // (a branch per element), causal 512-2k keys measured 3-9% slower; a third body in the same
       // kernel cost the unmasked loop 1-2.5% (dev/sm80bwd/NOTES.md, session 11). ALiBi runs there too.
-      if constexpr (kScoreMod) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
-      else if (need_mask) probs_and_grads<true, 2 * kSNp, false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, true);
-      else probs_and_grads<false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, false);
+      // Dropout (its tiles: these 16 keys x the warp's query tiles) there as well.
+      if constexpr (kScoreMod) {
+        uint32_t keep[kSNp];
+        const bool dropout = p.dropout.on();
+        if (dropout) {
+          dropout_keep<2 * kSNp>(p.dropout, keep, b * p.num_heads + h, (m0 + sq0) / 16, (n0 + skey0) / 16 + mi, g, t);
+          dropout_dp(dp[mi], keep, p.dropout.scale);
+        }
+        probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
+        if (dropout) dropout_p(s[mi], keep);
+      } else if (need_mask) {
+        probs_and_grads<true, 2 * kSNp, false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, true);
+      } else {
+        probs_and_grads<false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, false);
+      }
     }
     if constexpr (Tr::kXorStores) {
       // Byte offset of (skey0 + g, sq0 + 2t) in P^T; the other fragments' offsets differ by constants:
@@ -476,7 +488,9 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   __syncthreads();     // every warp is done with the loop's tiles (K in dQ = dS K); the last sDq is complete
   issue_pending_dq();
 
-  // dK_j * softmax_scale and dV_j in the dtype (rows past seqlen_k and padded columns dropped).
+  // dK_j * softmax_scale and dV_j (* dropout's 1 / (1 - p)) in the dtype (rows past seqlen_k and padded
+  // columns dropped).
+  const float dv_scale = kScoreMod ? p.dropout.scale : 1.f;
   T* dk = static_cast<T*>(p.dk) +
           bwd_offset(seq, seq.k_start, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, n0, head_kv);
   T* dv = static_cast<T*>(p.dv) +
@@ -507,7 +521,8 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       const uint32_t off = (st0 ^ uint32_t(nt * 8)) + uint32_t((mi * 16 + 8 * half) * TileKV::kChunk);
       *reinterpret_cast<uint32_t*>(sK + off) =
           pack2<T>(acc_dk[mi][nt][2 * half] * p.softmax_scale, acc_dk[mi][nt][2 * half + 1] * p.softmax_scale);
-      *reinterpret_cast<uint32_t*>(sV + off) = pack2<T>(acc_dv[mi][nt][2 * half], acc_dv[mi][nt][2 * half + 1]);
+      *reinterpret_cast<uint32_t*>(sV + off) =
+          pack2<T>(acc_dv[mi][nt][2 * half] * dv_scale, acc_dv[mi][nt][2 * half + 1] * dv_scale);
     });
     __syncthreads();
     store_whole_tile<T, kBlockN, kHeadDim, kThreads>(dk, p.dk_row_stride, sK, seqlen_k - n0);
@@ -518,8 +533,8 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       if (n0 + row >= seqlen_k) return;
       store2<T>(dk + int64_t(row) * p.dk_row_stride, col, p.head_dim, acc_dk[mi][nt][2 * half] * p.softmax_scale,
                 acc_dk[mi][nt][2 * half + 1] * p.softmax_scale, vectorized);
-      store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[mi][nt][2 * half],
-                acc_dv[mi][nt][2 * half + 1], vectorized);
+      store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[mi][nt][2 * half] * dv_scale,
+                acc_dv[mi][nt][2 * half + 1] * dv_scale, vectorized);
     });
   }
   // The dQ reductions must have read sDq before the CTA's shared memory goes; their writes need no

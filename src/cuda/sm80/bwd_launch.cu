@@ -180,6 +180,7 @@ Status backward(const fa_params& p, bool hopper) {
   bp.softcap = p.softcap;
   bp.softcap_inv = p.softcap > 0.f ? bp.softmax_scale / p.softcap : 0.f;
   bp.alibi_slopes = p.alibi_slopes, bp.alibi_slopes_batch_stride = p.alibi_slopes_batch_stride;
+  bp.dropout = DropoutMask::of(p);
   bp.causal = p.causal, bp.window_left = p.window_left, bp.window_right = p.window_right;
   bp.deterministic = p.deterministic != 0;
 

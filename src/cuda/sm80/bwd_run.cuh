@@ -7,7 +7,7 @@
 
 namespace flashattn::sm80 {
 
-// The main kernel of head_dim's layout. kScoreMod: its instance for softcapped or ALiBi scores, compiled
+// The main kernel of head_dim's layout. kScoreMod: its instance for softcapped or ALiBi scores or dropout, compiled
 // in a translation unit of its own (bwd_hdim<N>_<dtype>_scoremod.cu): beside the other instance, ptxas
 // allocated the 1D kernel's registers worse (d256 on sm_90: 24 bytes spilled, not 8).
 template <class T, int kHeadDim, bool kScoreMod>
@@ -41,7 +41,7 @@ template <class T, int kHeadDim>
 Status run_bwd(const BwdParams& bp, cudaStream_t stream, int32_t num_semaphores) {
   FA_RETURN_IF_ERROR((launch_bwd_preprocess<T, kHeadDim>(bp, stream, num_semaphores)));
   if (bp.seqlen_k > 0) {
-    const bool score_mod = bp.softcap > 0.f || bp.alibi_slopes != nullptr;
+    const bool score_mod = bp.softcap > 0.f || bp.alibi_slopes != nullptr || bp.dropout.on();
     FA_RETURN_IF_ERROR((score_mod ? launch_bwd_main<T, kHeadDim, true>(bp, stream)
                                   : launch_bwd_main<T, kHeadDim, false>(bp, stream)));
   }

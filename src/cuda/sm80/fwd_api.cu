@@ -91,6 +91,7 @@ FwdParams make_params(const fa_params& p, int splits) {
   f.leftpad_k = p.leftpad_k;
   f.alibi_slopes = p.alibi_slopes;
   f.alibi_slopes_batch_stride = p.alibi_slopes_batch_stride;
+  f.dropout = DropoutMask::of(p);
   f.batch = p.batch, f.seqlen_q = p.seqlen_q, f.seqlen_k = p.seqlen_k;
   f.num_heads = p.num_heads, f.num_heads_kv = p.num_heads_kv, f.head_dim = p.head_dim;
   f.group = p.num_heads / p.num_heads_kv;
@@ -115,10 +116,12 @@ FwdParams make_params(const fa_params& p, int splits) {
 // rows of one q-block, so each k/v block is read once per kv head instead of once per q head
 // (the same tensors seen with other strides: row i of kv head hk is q head hk * group + i).
 // A single query row is masked only by window_left, which this view would shift, so it is excluded;
-// so is ALiBi, whose slope is the q head's and whose distance is the query row's.
+// so are ALiBi, whose slope is the q head's and whose distance is the query row's, and dropout, whose
+// mask is drawn per (head, row).
 fa_params gqa_decode_view(const fa_params& p) {
   const int group = p.num_heads / p.num_heads_kv;
-  if (p.seqlen_q != 1 || group == 1 || is_varlen(p) || p.window_left >= 0 || p.alibi_slopes) return p;
+  if (p.seqlen_q != 1 || group == 1 || is_varlen(p) || p.window_left >= 0 || p.alibi_slopes || p.dropout_p > 0.f)
+    return p;
   fa_params v = p;
   v.seqlen_q = group;
   v.num_heads = p.num_heads_kv;
@@ -133,8 +136,8 @@ fa_params gqa_decode_view(const fa_params& p) {
 // tiles hold one q-block as it does), or the general instance's decode tiles at any number of rows (a
 // paged or left-padded cache, ALiBi over few rows).
 FwdConfig split_config(const fa_params& p, int kernel_head_dim) {
-  const bool general = sm80::fwd_variant(p.block_table || p.leftpad_k, p.alibi_slopes != nullptr, p.seqlen_q,
-                                         kernel_head_dim) == sm80::FwdVariant::kGeneral;
+  const bool general = sm80::fwd_variant(p.block_table || p.leftpad_k, p.alibi_slopes != nullptr, p.dropout_p > 0.f,
+                                         p.seqlen_q, kernel_head_dim) == sm80::FwdVariant::kGeneral;
   return general ? sm80::fwd_decode_config(kernel_head_dim) : sm80::fwd_config(kernel_head_dim);
 }
 
@@ -186,6 +189,10 @@ Status sm80_forward(const fa_params& params) {
     return unsupported("softmax_scale %g: flashattn-sm80 needs a scale >= 0 (its running max assumes it)", double(p.softmax_scale));
   if (p.num_heads > 65535) return unsupported("num_heads %d: flashattn-sm80 launches at most 65535", p.num_heads);
   if (p.batch > 65535) return unsupported("batch %d: flashattn-sm80 launches at most 65535", p.batch);
+  if (p.dropout_p > 0.f && (p.block_table || p.leftpad_k))
+    return unsupported("dropout_p (%g) with a paged or left-padded KV cache (block_table, leftpad_k): flashattn-sm80 "
+                       "drops out in training, without a cache",
+                       double(p.dropout_p));
   if (p.batch == 0 || p.seqlen_q == 0 || num_rows(p) == 0) return {};
 
   const int splits = num_splits(p, split_config(p, kernel_head_dim));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/dropout.hpp"
 #include "common/fast_divmod.hpp"
 
 namespace flashattn::sm80 {
@@ -17,10 +18,10 @@ struct FwdConfig {
   int stages;    // 2: K and V of block j+1 load during block j; 1: V_j loads during S_j, K_{j+1} during P_j V_j
 };
 
-// The kernel's instances beside the plain one: kAlibi, ALiBi on the table's tiles (prefill); kGeneral,
-// a paged or left-padded KV cache, with or without ALiBi, and ALiBi over up to 16 query rows, on the
-// decode tiles (fwd_variant picks).
-enum class FwdVariant { kPlain, kAlibi, kGeneral };
+// The kernel's instances beside the plain one: kAlibiDropout, ALiBi (prefill) or dropout (any rows) on
+// the table's tiles; kGeneral, a paged or left-padded KV cache, with or without ALiBi, and ALiBi over up
+// to 16 query rows, on the decode tiles (fwd_variant picks).
+enum class FwdVariant { kPlain, kAlibiDropout, kGeneral };
 
 // Split-KV: at most this many splits of a row's keys (the combine's lanes hold 4 splits' weights each).
 constexpr int kMaxSplits = 128;
@@ -109,11 +110,13 @@ constexpr FwdConfig fwd_decode_config(int kernel_head_dim) {
   return {c.head_dim, 16, c.block_n, c.warps, c.stages};
 }
 
-// The instance a problem runs (cache: block_table or leftpad_k; alibi: alibi_slopes); kGeneral runs the
-// decode config, kAlibi the table's.
-constexpr FwdVariant fwd_variant(bool cache, bool alibi, int seqlen_q, int kernel_head_dim) {
-  if (cache || (alibi && seqlen_q <= fwd_decode_config(kernel_head_dim).block_m)) return FwdVariant::kGeneral;
-  return alibi ? FwdVariant::kAlibi : FwdVariant::kPlain;
+// The instance a problem runs (cache: block_table or leftpad_k; alibi: alibi_slopes; dropout: dropout_p
+// > 0, never with a cache: sm80_forward refuses it); kGeneral runs the decode config, kAlibiDropout the
+// table's (dropout's tiles are 16 x 16 of the sequence's rows: the decode tiles' key split would do too,
+// but not the GQA decode view's rows of heads).
+constexpr FwdVariant fwd_variant(bool cache, bool alibi, bool dropout, int seqlen_q, int kernel_head_dim) {
+  if (cache || (alibi && !dropout && seqlen_q <= fwd_decode_config(kernel_head_dim).block_m)) return FwdVariant::kGeneral;
+  return alibi || dropout ? FwdVariant::kAlibiDropout : FwdVariant::kPlain;
 }
 
 // Compile-time traits of one config (a table entry, or a candidate in dev/sm80fwd).
@@ -182,6 +185,7 @@ struct FwdParams {
   const int32_t* leftpad_k;  // a left-padded KV cache: sequence b's keys start at row leftpad_k[b]
   const float* alibi_slopes;  // ALiBi: s -= slope * |i + seqlen_k - seqlen_q - j|, slope [b * stride + head]
   int64_t alibi_slopes_batch_stride;
+  DropoutMask dropout;  // off unless dropout_p > 0 (src/common/dropout.hpp)
 };
 
 }  // namespace flashattn::sm80

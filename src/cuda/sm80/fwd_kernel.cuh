@@ -9,7 +9,8 @@
 //   m'  = max(m, rowmax(s)), p = exp2(s * scale_log2 - m' * scale_log2)
 //   l   = l * exp2((m - m') * scale_log2) + rowsum(p);  o = o * exp2(...) + p v_j
 // with p converted to 16 bits in registers and used as the A operand of p v_j (v by ldmatrix.trans).
-// Only blocks that cut the mask band (or the end of the keys) apply the element mask.
+// Only blocks that cut the mask band (or the end of the keys) apply the element mask. Dropout (the
+// kAlibiDropout instance) zeroes p's dropped elements before p v_j, not in l, and scales o by 1 / (1 - p).
 // At the end o / l is stored in the input dtype and lse = (m * scale_log2 + log2 l) * ln 2 in fp32;
 // a row without visible keys gets o = 0, lse = -inf.
 //
@@ -205,6 +206,7 @@ template <int kHeadDim, int kBlockM_, int kBlockN_, int kWarps_, int kStages_, c
 __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
   constexpr bool kCache = kVariant == FwdVariant::kGeneral;   // block_table, leftpad_k
   constexpr bool kAlibi = kVariant != FwdVariant::kPlain;     // alibi_slopes
+  constexpr bool kDropout = kVariant == FwdVariant::kAlibiDropout;  // dropout
   using Traits = FwdTraits<FwdConfig{kHeadDim, kBlockM_, kBlockN_, kWarps_, kStages_}>;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kThreads = Traits::kThreads, kWarps = Traits::kWarps;
   constexpr int kMTiles = Traits::kMTiles, kNTiles = Traits::kNTiles, kDTiles = Traits::kDTiles;
@@ -501,6 +503,23 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     // o += p v_j: p's C fragments repacked as A fragments (mma.cuh), v_j by ldmatrix.trans.
 #pragma unroll
     for (int kk = 0; kk < kNTiles / 2; ++kk) {
+      if constexpr (kDropout) {
+        // Dropout: p's dropped elements zeroed, a 16 x 16 tile (this warp's rows, keys 16 kk..) at a
+        // time, number e of the lane's call being s[mt][2 kk + e / 4][e % 4] (src/common/dropout.hpp).
+        // The row sums above keep them (lse is of P); the kept ones' scale comes in the epilogue.
+        if (p.dropout.on()) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            const uint32_t keep = p.dropout.keep_bits(batch * p.num_heads + head, (m0 + warp_row0) / 16 + mt,
+                                                      (n0 + warp_key0) / 16 + kk, lane);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              float& x = s[mt][2 * kk + e / 4][e % 4];
+              x = (keep >> e) & 1u ? x : 0.f;
+            }
+          }
+        }
+      }
       uint32_t pa[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
@@ -574,8 +593,10 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     }
   }
 
-  // Epilogue: o / l and lse, rows below seqlen_q only, columns below head_dim only.
+  // Epilogue: o / l and lse, rows below seqlen_q only, columns below head_dim only; with dropout o is
+  // also scaled by 1 / (1 - p) (the kept elements' factor).
   const bool split_out = p.num_splits > 1;
+  const float o_scale = kDropout ? p.dropout.scale : 1.f;
   // The lse (natural log) of row (mt, half) with row sum l, and where row `row` of the sequence
   // keeps it in p.lse; both epilogues below use them.
   auto row_lse = [&](int mt, int half, float l) {
@@ -602,7 +623,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
       for (int half = 0; half < 2; ++half) {
         const float l = quad_sum(row_sum[mt][half]);
         const int r = warp_row0 + mt * 16 + g + 8 * half, row = m0 + r;
-        const float inv_l = l > 0.f ? 1.f / l : 0.f;
+        const float inv_l = l > 0.f ? o_scale / l : 0.f;
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt)
           *reinterpret_cast<uint32_t*>(sq + QTile::offset(r, dt * 8) + 2 * t) =
@@ -628,7 +649,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
       const float l = quad_sum(row_sum[mt][half]);
       const int row = m0 + warp_row0 + mt * 16 + g + 8 * half;  // row within the sequence
       if (row >= seqlen_q) continue;
-      const float inv_l = l > 0.f ? 1.f / l : 0.f;
+      const float inv_l = l > 0.f ? o_scale / l : 0.f;
       const float lse = row_lse(mt, half, l);
       const int64_t global_row = varlen ? q_start + row : int64_t(batch) * p.seqlen_q + row;
       if (split_out) {

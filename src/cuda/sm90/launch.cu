@@ -92,6 +92,7 @@ auto with_instance(const fa_params& p, F&& f, None&& none) {
 bool sm90_supports(const fa_params& p) {
   if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16) return false;
   if (p.seqused_k || p.block_table || p.leftpad_k) return false;  // a KV cache (used lengths, pages): the sm80 forward's path
+  if (p.dropout_p > 0.f) return false;                               // dropout: the sm80 forward's
   if (!with_instance(p, [](auto, auto) { return true; }, [] { return false; })) return false;
   // The softmax takes the row max of the raw scores and scales it after: right for scale > 0
   // (and with softcap, which is applied first). A negative scale goes to sm80.
