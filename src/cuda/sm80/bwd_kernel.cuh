@@ -649,6 +649,10 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
 #pragma unroll
     for (int c0 = 0; c0 < kBlockM; c0 += kChunkM) {
       // S^T = K_w Q^T and dP^T = V_w dO^T: (16 keys x chunk_m queries) per warp.
+      // Dropout's keep bits (the score-mod instance) first, while S^T and dP^T hold no registers.
+      uint32_t keep[kMTiles / 2];
+      const bool dropout = kScoreMod && p.dropout.on();
+      if (dropout) dropout_keep<kMTiles>(p.dropout, keep, b * p.num_heads + h, (m0 + c0) / 16, (n0 + warp_row) / 16, g, t);
       float s[kMTiles][4], dp[kMTiles][4];
 #pragma unroll
       for (int nt = 0; nt < kMTiles; ++nt)
@@ -679,12 +683,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
       const float* lse_cols = lse_s + c0 + 2 * t;  // this thread's query columns: + nt * 8 + {0, 1}
       const float* dsum_cols = dsum_s + c0 + 2 * t;
       if constexpr (kScoreMod) {
-        uint32_t keep[kMTiles / 2];  // dropout's (the warp's 16 keys x the chunk's query tiles)
-        const bool dropout = p.dropout.on();
-        if (dropout) {
-          dropout_keep<kMTiles>(p.dropout, keep, b * p.num_heads + h, (m0 + c0) / 16, (n0 + warp_row) / 16, g, t);
-          dropout_dp(dp, keep, p.dropout.scale);
-        }
+        if (dropout) dropout_dp(dp, keep, p.dropout.scale);
         probs_and_grads<true>(s, dp, lse_cols, dsum_cols, p, band, need_mask);
         if (dropout) dropout_p(s, keep);
       } else if (need_mask) {

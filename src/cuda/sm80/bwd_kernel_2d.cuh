@@ -313,6 +313,14 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
         }
       }
     };
+    // Dropout's keep bits (the score-mod instance), drawn before S^T and dP^T take their registers:
+    // tile (16 keys from skey0 + 16 mi, 16 queries from sq0 + 16 q) in keep[mi][q].
+    uint32_t keep[kSMi][kSNp];
+    const bool dropout = kScoreMod && p.dropout.on();
+    if (dropout)
+#pragma unroll
+      for (int mi = 0; mi < kSMi; ++mi)
+        dropout_keep<2 * kSNp>(p.dropout, keep[mi], b * p.num_heads + h, (m0 + sq0) / 16, (n0 + skey0) / 16 + mi, g, t);
     gemm_st(s, 0, q_buf);
     gemm_st(dp, kVOff, q_buf + kDoOff);
 
@@ -330,16 +338,11 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       // Softcap is a kernel instance of its own: with the softcap test inside the masked blocks' body
       // (a branch per element), causal 512-2k keys measured 3-9% slower; a third body in the same
       // kernel cost the unmasked loop 1-2.5% (dev/sm80bwd/NOTES.md, session 11). ALiBi runs there too.
-      // Dropout (its tiles: these 16 keys x the warp's query tiles) there as well.
+      // Dropout there as well.
       if constexpr (kScoreMod) {
-        uint32_t keep[kSNp];
-        const bool dropout = p.dropout.on();
-        if (dropout) {
-          dropout_keep<2 * kSNp>(p.dropout, keep, b * p.num_heads + h, (m0 + sq0) / 16, (n0 + skey0) / 16 + mi, g, t);
-          dropout_dp(dp[mi], keep, p.dropout.scale);
-        }
+        if (dropout) dropout_dp(dp[mi], keep[mi], p.dropout.scale);
         probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
-        if (dropout) dropout_p(s[mi], keep);
+        if (dropout) dropout_p(s[mi], keep[mi]);
       } else if (need_mask) {
         probs_and_grads<true, 2 * kSNp, false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, true);
       } else {
