@@ -1,7 +1,7 @@
 """Two or more builds of the library side by side on the Hopper forward (flashattn-sm90), bf16, one
 process: each shape timed by every build in turn, ROUNDS times (default 2; every other round in reverse
 order), median of N calls (CUDA events, back to back) each time; IMPL: another implementation (e.g.
-flashattn-sm80); SOFTCAP=c: scores capped (c * tanh(s / c)); ALIBI=1: ALiBi; CUDNN=1: torch's cuDNN SDPA (no_grad, o
+flashattn-sm80); SOFTCAP=c: scores capped (c * tanh(s / c)); ALIBI=1: ALiBi; DROPOUT=p: dropout; CUDNN=1: torch's cuDNN SDPA (no_grad, o
 alone, as the library benchmark times it) as one more column, in the same rounds; BWD=1: the backward (with
 CUDNN=1 cuDNN's through autograd, as the library benchmark times it). usage: python3 dev/sm90/fwd_ab.py
 NAME=LIB,NAME=LIB [SHAPES] (NAME@IMPL=LIB: that build through IMPL, e.g. one library's sm90 and sm80
@@ -39,6 +39,7 @@ BWD = os.environ.get("BWD", "0") == "1"
 IMPL = os.environ.get("IMPL", "flashattn-sm90")
 SOFTCAP = float(os.environ.get("SOFTCAP", "0"))  # > 0: fa_params.softcap (tanh capping of the scores)
 ALIBI = os.environ.get("ALIBI", "0") == "1"  # ALiBi with the paper's slopes 2^(-8 (h + 1) / heads)
+DROPOUT = float(os.environ.get("DROPOUT", "0"))  # > 0: fa_params.dropout_p (seed 1)
 
 names = list(libs)
 if os.environ.get("CUDNN", "0") == "1":
@@ -55,6 +56,8 @@ for shape in shapes:
     wl = shape[5] if len(shape) > 5 else -1
     wr = shape[6] if len(shape) > 6 else (0 if wl >= 0 else -1)
     extra = {"softcap": SOFTCAP} if SOFTCAP > 0 else {}
+    if DROPOUT > 0:
+        extra.update(dropout_p=DROPOUT, dropout_seed=1)
     if ALIBI:
         slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / heads) for i in range(heads)], device="cuda")
         extra["alibi_slopes"] = slopes.data_ptr()

@@ -86,6 +86,11 @@ constexpr FwdConfig fwd_config(int kernel_head_dim) {
 #define FLASHATTN_SM80_DECODE_SPLIT_KEYS 1
 #endif
 
+// Dev switch: dropout's keep bits of a key block drawn before s = q k^T (1) or a tile at a time before p v (0).
+#ifndef FLASHATTN_SM80_FWD_DROPOUT_EARLY
+#define FLASHATTN_SM80_FWD_DROPOUT_EARLY 1
+#endif
+
 // Few query rows over many keys (decode; gqa_decode_view has put a kv head's group of query heads in
 // the rows): a 128-row tile computes 127 dropped rows for each one of a single-row decode step, and
 // that mma work, not reading K and V, bounded the split-KV forward. So rows that fit 64 run 64-row

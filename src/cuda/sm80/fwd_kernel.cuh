@@ -382,6 +382,18 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     }
     cp_async_commit();
 
+    // Dropout's keep bits of this block's 16 x 16 tiles (this warp's rows), drawn before s takes its
+    // registers: tile (mt, keys 16 kk..) in keep[mt][kk], bit e for number e (src/common/dropout.hpp).
+    uint32_t keep[kMTiles][kNTiles / 2];
+    const bool dropout = kDropout && p.dropout.on();
+    const int32_t dropout_bh = batch * p.num_heads + head;
+    if (FLASHATTN_SM80_FWD_DROPOUT_EARLY && dropout)
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < kNTiles / 2; ++kk)
+          keep[mt][kk] = p.dropout.keep_bits(dropout_bh, (m0 + warp_row0) / 16 + mt, (n_block * kBlockN + warp_key0) / 16 + kk, lane);
+
     // s = q k_j^T: (16 * kMTiles, block_n) per warp.
     float s[kMTiles][kNTiles][4];
 #pragma unroll
@@ -503,23 +515,20 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
     // o += p v_j: p's C fragments repacked as A fragments (mma.cuh), v_j by ldmatrix.trans.
 #pragma unroll
     for (int kk = 0; kk < kNTiles / 2; ++kk) {
-      if constexpr (kDropout) {
-        // Dropout: p's dropped elements zeroed, a 16 x 16 tile (this warp's rows, keys 16 kk..) at a
-        // time, number e of the lane's call being s[mt][2 kk + e / 4][e % 4] (src/common/dropout.hpp).
-        // The row sums above keep them (lse is of P); the kept ones' scale comes in the epilogue.
-        if (p.dropout.on()) {
+      // Dropout: p's dropped elements zeroed, number e of tile (mt, kk) being s[mt][2 kk + e / 4][e % 4].
+      // The row sums above keep them (lse is of P); the kept ones' scale comes in the epilogue.
+      if (dropout)
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            const uint32_t keep = p.dropout.keep_bits(batch * p.num_heads + head, (m0 + warp_row0) / 16 + mt,
-                                                      (n0 + warp_key0) / 16 + kk, lane);
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          const uint32_t bits = FLASHATTN_SM80_FWD_DROPOUT_EARLY
+                                    ? keep[mt][kk]
+                                    : p.dropout.keep_bits(dropout_bh, (m0 + warp_row0) / 16 + mt, (n0 + warp_key0) / 16 + kk, lane);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              float& x = s[mt][2 * kk + e / 4][e % 4];
-              x = (keep >> e) & 1u ? x : 0.f;
-            }
+          for (int e = 0; e < 8; ++e) {
+            float& x = s[mt][2 * kk + e / 4][e % 4];
+            x = (bits >> e) & 1u ? x : 0.f;
           }
         }
-      }
       uint32_t pa[kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
