@@ -59,10 +59,10 @@ class Ours:
     """One library implementation on fixed (batch, seqlen, heads, d) tensors. forward() returns o alone, as
     torch's SDPA does under no_grad (its cuDNN and efficient kernels then skip the log-sum-exp);
     forward_lse() writes the lse too, as a training step's forward (and the backward) needs. extra: more
-    fa_params fields for both (e.g. window_left, window_right)."""
+    fa_params fields for all three, the backward's too (e.g. window_left, window_right)."""
 
     def __init__(self, lib, impl, q, k, v, causal, **extra):
-        self.lib, self.impl, self.causal = lib, fa.IMPL[impl], causal
+        self.lib, self.impl, self.causal, self.extra = lib, fa.IMPL[impl], causal, extra
         self.q, self.k, self.v = q, k, v
         self.o = torch.empty_like(q)
         b, s, h, _ = q.shape
@@ -93,7 +93,7 @@ class Ours:
         self.dout, self.dq = dout, torch.empty_like(self.q)
         self.dk, self.dv = torch.empty_like(self.k), torch.empty_like(self.v)
         self.pb = fa.params_from(torch, self.q, self.k, self.v, self.o, self.lse, self.causal,
-                                 dout=dout, dq=self.dq, dk=self.dk, dv=self.dv)
+                                 dout=dout, dq=self.dq, dk=self.dk, dv=self.dv, **self.extra)
         n = ctypes.c_size_t(0)
         fa.check(self.lib, self.lib.fa_workspace_size(ctypes.byref(self.pb), self.impl, 1, ctypes.byref(n)), "ws")
         self.ws_bwd = torch.empty(max(n.value, 1), dtype=torch.uint8, device=self.q.device)

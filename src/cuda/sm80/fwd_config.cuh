@@ -18,10 +18,11 @@ struct FwdConfig {
   int stages;    // 2: K and V of block j+1 load during block j; 1: V_j loads during S_j, K_{j+1} during P_j V_j
 };
 
-// The kernel's instances beside the plain one: kAlibiDropout, ALiBi (prefill) or dropout (any rows) on
-// the table's tiles; kGeneral, a paged or left-padded KV cache, with or without ALiBi, and ALiBi over up
-// to 16 query rows, on the decode tiles (fwd_variant picks).
-enum class FwdVariant { kPlain, kAlibiDropout, kGeneral };
+// The kernel's instances beside the plain one, on the table's tiles: kAlibi, ALiBi (prefill); kDropout,
+// dropout with or without ALiBi (any number of rows); on the decode tiles: kGeneral, a paged or left-padded
+// KV cache, with or without ALiBi, and ALiBi over up to 16 query rows (fwd_variant picks). Dropout in the
+// ALiBi instance cost ALiBi alone 8% (ptxas: 56 bytes spilled at head_dim 128, not 16; H200, session 65).
+enum class FwdVariant { kPlain, kAlibi, kDropout, kGeneral };
 
 // Split-KV: at most this many splits of a row's keys (the combine's lanes hold 4 splits' weights each).
 constexpr int kMaxSplits = 128;
@@ -86,11 +87,6 @@ constexpr FwdConfig fwd_config(int kernel_head_dim) {
 #define FLASHATTN_SM80_DECODE_SPLIT_KEYS 1
 #endif
 
-// Dev switch: dropout's keep bits of a key block drawn before s = q k^T (1) or a tile at a time before p v (0).
-#ifndef FLASHATTN_SM80_FWD_DROPOUT_EARLY
-#define FLASHATTN_SM80_FWD_DROPOUT_EARLY 1
-#endif
-
 // Few query rows over many keys (decode; gqa_decode_view has put a kv head's group of query heads in
 // the rows): a 128-row tile computes 127 dropped rows for each one of a single-row decode step, and
 // that mma work, not reading K and V, bounded the split-KV forward. So rows that fit 64 run 64-row
@@ -116,12 +112,13 @@ constexpr FwdConfig fwd_decode_config(int kernel_head_dim) {
 }
 
 // The instance a problem runs (cache: block_table or leftpad_k; alibi: alibi_slopes; dropout: dropout_p
-// > 0, never with a cache: sm80_forward refuses it); kGeneral runs the decode config, kAlibiDropout the
-// table's (dropout's tiles are 16 x 16 of the sequence's rows: the decode tiles' key split would do too,
-// but not the GQA decode view's rows of heads).
+// > 0, never with a cache: sm80_forward refuses it); kGeneral runs the decode config, the others the
+// table's (dropout's tiles are 16 x 16 of a sequence's rows and keys, which the table's tiles hold whole).
 constexpr FwdVariant fwd_variant(bool cache, bool alibi, bool dropout, int seqlen_q, int kernel_head_dim) {
-  if (cache || (alibi && !dropout && seqlen_q <= fwd_decode_config(kernel_head_dim).block_m)) return FwdVariant::kGeneral;
-  return alibi || dropout ? FwdVariant::kAlibiDropout : FwdVariant::kPlain;
+  if (cache) return FwdVariant::kGeneral;
+  if (dropout) return FwdVariant::kDropout;
+  if (alibi && seqlen_q <= fwd_decode_config(kernel_head_dim).block_m) return FwdVariant::kGeneral;
+  return alibi ? FwdVariant::kAlibi : FwdVariant::kPlain;
 }
 
 // Compile-time traits of one config (a table entry, or a candidate in dev/sm80fwd).

@@ -2,5 +2,6 @@
 #include "cuda/sm80/fwd_launch.cuh"
 
 namespace flashattn::sm80 {
+extern template Status run_fwd_dropout<__nv_bfloat16, 64>(const FwdParams&, cudaStream_t);
 template Status run_fwd<__nv_bfloat16, 64>(const FwdParams&, cudaStream_t);
 }  // namespace flashattn::sm80

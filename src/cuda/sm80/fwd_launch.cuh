@@ -24,12 +24,19 @@ Status run_fwd_config(const FwdParams& p, cudaStream_t stream) {
   return {};
 }
 
+// Dropout's instance (with or without ALiBi) of the table's config, in a translation unit of its own
+// (fwd_hdim<N>_<dtype>_dropout.cu; fwd_hdim<N>_<dtype>.cu declares it extern).
+template <class T, int kHeadDim>
+Status run_fwd_dropout(const FwdParams& p, cudaStream_t stream) {
+  return run_fwd_config<T, fwd_config(kHeadDim), FwdVariant::kDropout>(p, stream);
+}
+
 // The table's config for kHeadDim, or the first of its decode and few-rows configs whose tile holds
 // the query rows (one q-block either way, so the split count chosen with the table's config holds).
 // A paged or left-padded KV cache (decode, or a chunk of prefill) takes one instance (kGeneral): the
 // decode config's, at any number of rows (more q-blocks; the split count needs one q-block, so it
-// splits only decode); ALiBi that one too up to 16 rows, else, as dropout, its own instance of the
-// table's config.
+// splits only decode); ALiBi that one too up to 16 rows, else its own instance of the table's config;
+// dropout another one.
 template <class T, int kHeadDim>
 Status run_fwd(const FwdParams& p, cudaStream_t stream) {
   constexpr FwdConfig kConfig = fwd_config(kHeadDim);
@@ -37,7 +44,8 @@ Status run_fwd(const FwdParams& p, cudaStream_t stream) {
   constexpr FwdConfig kDecode = fwd_decode_config(kHeadDim), kFewRows = fwd_few_rows_config(kHeadDim);
   switch (fwd_variant(p.block_table || p.leftpad_k, p.alibi_slopes != nullptr, p.dropout.on(), p.seqlen_q, kHeadDim)) {
     case FwdVariant::kGeneral: return run_fwd_config<T, kDecode, FwdVariant::kGeneral>(p, stream);
-    case FwdVariant::kAlibiDropout: return run_fwd_config<T, kConfig, FwdVariant::kAlibiDropout>(p, stream);
+    case FwdVariant::kAlibi: return run_fwd_config<T, kConfig, FwdVariant::kAlibi>(p, stream);
+    case FwdVariant::kDropout: return run_fwd_dropout<T, kHeadDim>(p, stream);
     case FwdVariant::kPlain: break;
   }
   if constexpr (kDecode.block_m < kFewRows.block_m)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Writes the sm80 forward's instantiation files: one translation unit per (dtype, head_dim),
-named fwd_hdim<N>_<dtype>.cu so that FLASHATTN_CUDA_HEAD_DIMS can prune them in CMake, and
-fwd_instances.cuh, which declares them and maps a head_dim to its launcher.
+"""Writes the sm80 forward's instantiation files: two translation units per (dtype, head_dim),
+fwd_hdim<N>_<dtype>.cu (run_fwd) and fwd_hdim<N>_<dtype>_dropout.cu (dropout's kernel instance),
+named so that FLASHATTN_CUDA_HEAD_DIMS can prune them in CMake, and fwd_instances.cuh, which
+declares them and maps a head_dim to its launcher.
 Run from anywhere: python3 src/cuda/sm80/generate_kernels.py"""
 import pathlib
 
@@ -15,7 +16,12 @@ for d in HEAD_DIMS:
     for name, ctype in DTYPES.items():
         (here / f"fwd_hdim{d}_{name}.cu").write_text(
             HEADER + '#include "cuda/sm80/fwd_launch.cuh"\n\nnamespace flashattn::sm80 {\n'
+            f"extern template Status run_fwd_dropout<{ctype}, {d}>(const FwdParams&, cudaStream_t);\n"
             f"template Status run_fwd<{ctype}, {d}>(const FwdParams&, cudaStream_t);\n"
+            "}  // namespace flashattn::sm80\n")
+        (here / f"fwd_hdim{d}_{name}_dropout.cu").write_text(
+            HEADER + '#include "cuda/sm80/fwd_launch.cuh"\n\nnamespace flashattn::sm80 {\n'
+            f"template Status run_fwd_dropout<{ctype}, {d}>(const FwdParams&, cudaStream_t);\n"
             "}  // namespace flashattn::sm80\n")
 
 lines = [HEADER, "// The instantiations built (FLASHATTN_HDIM_<N> comes from FLASHATTN_CUDA_HEAD_DIMS).",
