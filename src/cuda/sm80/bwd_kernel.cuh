@@ -504,15 +504,41 @@ __device__ __forceinline__ void probs_and_grads(float (&s)[kTiles][4], float (&d
   }
 }
 
+// The keep bits of a thread's fragment of a 16 x 16 dropout tile held transposed (keys x queries: S^T),
+// DropoutMask::keep_bits_transposed's: its 8 numbers are half of each of two lanes' calls, 8 t + g / 2 and
+// + 4, and the thread of the other g of the pair (lane ^ 4) needs the other halves of the same two. So each
+// thread makes one of the calls (8 t + 4 (g % 2) + g / 2) and passes its partner the halves it needs (two
+// shuffles): one Philox call a tile instead of two. The whole warp calls it.
+__device__ __forceinline__ uint32_t keep_bits_transposed_shared(const DropoutMask& d, int32_t bh, int32_t i16, int32_t j16,
+                                                                int g, int t) {
+  const int x = g % 2;  // the call made here is the one of element parity e % 2 = x; the half used, x too
+  const Philox4 o = philox4x32_10({uint32_t(j16), uint32_t(i16) * 32u + uint32_t(8 * t + 4 * x + g / 2), uint32_t(bh), d.offset_lo},
+                                  d.key0, d.key1);
+  const uint32_t w[4] = {o.x, o.y, o.z, o.w};
+  // The partner's halves (1 - x) of these four words, two to a word; back come this thread's halves x of its call.
+  const uint32_t lo = 0xffffu;
+  const uint32_t send0 = x ? (w[0] & lo) | (w[1] << 16) : (w[0] >> 16) | (w[1] & ~lo);
+  const uint32_t send1 = x ? (w[2] & lo) | (w[3] << 16) : (w[2] >> 16) | (w[3] & ~lo);
+  const uint32_t r[2] = {__shfl_xor_sync(0xffffffffu, send0, 4), __shfl_xor_sync(0xffffffffu, send1, 4)};
+  uint32_t bits = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // word k: n8 tile k % 2, key half k / 2 -> bit 4 (k % 2) + 2 (k / 2) + e % 2
+    const uint32_t mine = (w[k] >> (16 * x)) & lo, theirs = (r[k / 2] >> (16 * (k % 2))) & lo;
+    const int bit = 4 * (k % 2) + 2 * (k / 2);
+    bits |= uint32_t(mine >= d.threshold) << (bit + x) | uint32_t(theirs >= d.threshold) << (bit + 1 - x);
+  }
+  return bits;
+}
+
 // Dropout on a thread's fragments of S^T and dP^T (keys x queries, kTiles n8 tiles of queries from a
-// multiple of 16): keep[q] the bits of query tile q (DropoutMask::keep_bits_transposed, bit 4 (nt % 2) + e).
-// Before probs_and_grads dP^T's dropped elements are zeroed and the kept ones scaled (so dS = P (dP Z - D));
-// after it P^T's dropped ones are zeroed (dV's scale comes at the end).
+// multiple of 16): keep[q] the bits of query tile q (bit 4 (nt % 2) + e). Before probs_and_grads dP^T's
+// dropped elements are zeroed and the kept ones scaled (so dS = P (dP Z - D)); after it P^T's dropped
+// ones are zeroed (dV's scale comes at the end).
 template <int kTiles>
 __device__ __forceinline__ void dropout_keep(const DropoutMask& d, uint32_t (&keep)[kTiles / 2], int bh, int i16, int j16,
                                              int g, int t) {
 #pragma unroll
-  for (int q = 0; q < kTiles / 2; ++q) keep[q] = d.keep_bits_transposed(bh, i16 + q, j16, g, t);
+  for (int q = 0; q < kTiles / 2; ++q) keep[q] = keep_bits_transposed_shared(d, bh, i16 + q, j16, g, t);
 }
 template <int kTiles>
 __device__ __forceinline__ void dropout_dp(float (&dp)[kTiles][4], const uint32_t (&keep)[kTiles / 2], float scale) {
@@ -545,9 +571,10 @@ struct BwdTraits {
   static_assert(kSmemBytes == 2 * TileKV::kBytes + 2 * 2 * TileQ::kBytes + TileDs::kBytes + 2 * 2 * kBlockM * 4);
 };
 
-// kScoreMod: the instance for softcapped or ALiBi scores (bp.softcap > 0 or bp.alibi_slopes) and for
-// dropout, whose every block takes the general path; the other one's general path is the mask alone.
-template <class T, int kHeadDim, bool kScoreMod>
+// kScoreMod: the instance for softcapped or ALiBi scores (bp.softcap > 0 or bp.alibi_slopes), whose every
+// block takes the general path; the other one's general path is the mask alone. kDropout (with kScoreMod):
+// dropout's instance, with or without the others (in the score-mod instance it cost softcap 1-10%, H200).
+template <class T, int kHeadDim, bool kScoreMod, bool kDropout>
 __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T, kHeadDim>::kConfig.ctas_per_sm)
     bwd_main_kernel(const BwdParams p) {
   using Tr = BwdTraits<T, kHeadDim>;
@@ -651,7 +678,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
       // S^T = K_w Q^T and dP^T = V_w dO^T: (16 keys x chunk_m queries) per warp.
       // Dropout's keep bits (the score-mod instance) first, while S^T and dP^T hold no registers.
       uint32_t keep[kMTiles / 2];
-      const bool dropout = kScoreMod && p.dropout.on();
+      const bool dropout = kDropout && p.dropout.on();
       if (dropout) dropout_keep<kMTiles>(p.dropout, keep, b * p.num_heads + h, (m0 + c0) / 16, (n0 + warp_row) / 16, g, t);
       float s[kMTiles][4], dp[kMTiles][4];
 #pragma unroll
@@ -682,15 +709,16 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
         band.alibi_diag = seqlen_k - seqlen_q - (n0 - m0), band.alibi_slope_log2 = alibi_slope_log2;
       const float* lse_cols = lse_s + c0 + 2 * t;  // this thread's query columns: + nt * 8 + {0, 1}
       const float* dsum_cols = dsum_s + c0 + 2 * t;
-      if constexpr (kScoreMod) {
-        if (dropout) dropout_dp(dp, keep, p.dropout.scale);
-        probs_and_grads<true>(s, dp, lse_cols, dsum_cols, p, band, need_mask);
-        if (dropout) dropout_p(s, keep);
+      // The score mods' general path in their instance; dropout's runs it only with them.
+      if (dropout) dropout_dp(dp, keep, p.dropout.scale);
+      if (kScoreMod && (!kDropout || p.softcap > 0.f || p.alibi_slopes)) {
+        if constexpr (kScoreMod) probs_and_grads<true>(s, dp, lse_cols, dsum_cols, p, band, need_mask);
       } else if (need_mask) {
         probs_and_grads<true, kMTiles, false>(s, dp, lse_cols, dsum_cols, p, band, true);
       } else {
         probs_and_grads<false>(s, dp, lse_cols, dsum_cols, p, band, false);
       }
+      if (dropout) dropout_p(s, keep);
 
       // Packed once: A fragments of dV += P^T dO_i and dK += dS^T Q_i, and dS^T for dQ in shared memory.
       uint32_t a_p[kNp][4], a_ds[kNp][4];
@@ -793,7 +821,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
           bwd_offset(seq, seq.k_start, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, n0, head_kv);
   T* dv = static_cast<T*>(p.dv) +
           bwd_offset(seq, seq.k_start, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, n0, head_kv);
-  const float dv_scale = kScoreMod ? p.dropout.scale : 1.f;
+  const float dv_scale = kDropout ? p.dropout.scale : 1.f;
 #pragma unroll
   for (int nt = 0; nt < kDTiles; ++nt) {
 #pragma unroll

@@ -122,7 +122,7 @@ struct Bwd2dTraits {
   static_assert(kSmemBytes + kDqStageBytes <= 227 * 1024, "the staging tile must fit the H100's shared memory");
 };
 
-template <class T, int kHeadDim, bool kScoreMod>
+template <class T, int kHeadDim, bool kScoreMod, bool kDropout>
 __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTraits<T, kHeadDim>::kConfig.ctas_per_sm)
     bwd_main_2d_kernel(const BwdParams p) {
   using Tr = Bwd2dTraits<T, kHeadDim>;
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     // Dropout's keep bits (the score-mod instance), drawn before S^T and dP^T take their registers:
     // tile (16 keys from skey0 + 16 mi, 16 queries from sq0 + 16 q) in keep[mi][q].
     uint32_t keep[kSMi][kSNp];
-    const bool dropout = kScoreMod && p.dropout.on();
+    const bool dropout = kDropout && p.dropout.on();
     if (dropout)
 #pragma unroll
       for (int mi = 0; mi < kSMi; ++mi)
@@ -338,16 +338,16 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
       // Softcap is a kernel instance of its own: with the softcap test inside the masked blocks' body
       // (a branch per element), causal 512-2k keys measured 3-9% slower; a third body in the same
       // kernel cost the unmasked loop 1-2.5% (dev/sm80bwd/NOTES.md, session 11). ALiBi runs there too.
-      // Dropout there as well.
-      if constexpr (kScoreMod) {
-        if (dropout) dropout_dp(dp[mi], keep[mi], p.dropout.scale);
-        probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
-        if (dropout) dropout_p(s[mi], keep[mi]);
+      // Dropout there as well; its instance runs the score mods' general path only with them.
+      if (dropout) dropout_dp(dp[mi], keep[mi], p.dropout.scale);
+      if (kScoreMod && (!kDropout || p.softcap > 0.f || p.alibi_slopes)) {
+        if constexpr (kScoreMod) probs_and_grads<true>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, need_mask);
       } else if (need_mask) {
         probs_and_grads<true, 2 * kSNp, false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, true);
       } else {
         probs_and_grads<false>(s[mi], dp[mi], lse_cols, dsum_cols, p, band, false);
       }
+      if (dropout) dropout_p(s[mi], keep[mi]);
     }
     if constexpr (Tr::kXorStores) {
       // Byte offset of (skey0 + g, sq0 + 2t) in P^T; the other fragments' offsets differ by constants:
@@ -493,7 +493,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
 
   // dK_j * softmax_scale and dV_j (* dropout's 1 / (1 - p)) in the dtype (rows past seqlen_k and padded
   // columns dropped).
-  const float dv_scale = kScoreMod ? p.dropout.scale : 1.f;
+  const float dv_scale = kDropout ? p.dropout.scale : 1.f;
   T* dk = static_cast<T*>(p.dk) +
           bwd_offset(seq, seq.k_start, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, n0, head_kv);
   T* dv = static_cast<T*>(p.dv) +

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes two translation units per (head_dim, dtype) of the sm80 backward: bwd_hdim<N>_<dtype>.cu (run_bwd)
-and bwd_hdim<N>_<dtype>_scoremod.cu (the main kernel's instance for softcap or ALiBi).
+"""Writes three translation units per (head_dim, dtype) of the sm80 backward: bwd_hdim<N>_<dtype>.cu (run_bwd),
+bwd_hdim<N>_<dtype>_scoremod.cu (the main kernel's instance for softcap or ALiBi) and bwd_hdim<N>_<dtype>_dropout.cu
+(its instance for dropout, with or without them).
 
 CMake keeps only the head dims in FLASHATTN_CUDA_HEAD_DIMS. Run from anywhere:
     python3 src/cuda/sm80/generate_bwd_kernels.py
@@ -26,6 +27,8 @@ def main():
             (out / f"bwd_hdim{d}_{name}.cu").write_text(TEMPLATE.format(suffix="", ctype=ctype, head_dim=d))
             (out / f"bwd_hdim{d}_{name}_scoremod.cu").write_text(
                 TEMPLATE.format(suffix="_SCORE_MOD", ctype=ctype, head_dim=d))
+            (out / f"bwd_hdim{d}_{name}_dropout.cu").write_text(
+                TEMPLATE.format(suffix="_DROPOUT", ctype=ctype, head_dim=d))
 
 
 if __name__ == "__main__":
