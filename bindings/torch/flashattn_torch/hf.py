@@ -43,9 +43,6 @@ def _padded(q, k, v, mask, **kw):
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
                       softcap=None, is_causal=None, **kwargs):
     """The AttentionInterface function: returns (out (batch, seqlen_q, num_heads, head_dim), None)."""
-    if dropout:
-        raise NotImplementedError(f"flashattn: attention dropout {dropout} is not supported (set the config's "
-                                  "attention_dropout to 0.0, or call model.eval())")
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("flashattn: attention sinks (s_aux) are not supported")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -53,7 +50,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     window = (-1, -1)
     if sliding_window is not None and k.shape[1] > sliding_window:
         window = (sliding_window - 1, sliding_window - 1)  # transformers' flash-attention convention
-    kw = dict(softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap or 0.0)
+    kw = dict(dropout_p=float(dropout or 0.0), softmax_scale=scaling, causal=causal, window_size=window,
+              softcap=softcap or 0.0)
     if attention_mask is None:
         return flash_attn_func(q, k, v, **kw), None
     if attention_mask.dim() != 2:
