@@ -11,7 +11,7 @@
 //        dV_j += P^T dO_i                  dK_j += dS^T Q_i          (A operands straight from registers)
 //        dQ_i += dS K_j                    (dS^T through shared memory, fp32 atomics into the accumulator)
 //      dK_j * softmax_scale and dV_j are written in the dtype at the end.
-//      Dropout (the score-mod instance): with Z the kept elements' mask, dV_j += (P^T Z^T) dO_i,
+//      Dropout (an instance of its own): with Z the kept elements' mask, dV_j += (P^T Z^T) dO_i,
 //      dS^T = P^T * (dP^T Z^T / (1 - p) - D), and dV_j scaled by 1 / (1 - p) at the end (D = rowsum(dO O)
 //      with O the dropped forward's output).
 //   3. bwd_convert_dq_kernel: dq = dQ accumulator * softmax_scale in the dtype.
@@ -676,7 +676,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim>::kThreads, BwdTraits<T,
 #pragma unroll
     for (int c0 = 0; c0 < kBlockM; c0 += kChunkM) {
       // S^T = K_w Q^T and dP^T = V_w dO^T: (16 keys x chunk_m queries) per warp.
-      // Dropout's keep bits (the score-mod instance) first, while S^T and dP^T hold no registers.
+      // Dropout's keep bits (its instance) first, while S^T and dP^T hold no registers.
       uint32_t keep[kMTiles / 2];
       const bool dropout = kDropout && p.dropout.on();
       if (dropout) dropout_keep<kMTiles>(p.dropout, keep, b * p.num_heads + h, (m0 + c0) / 16, (n0 + warp_row) / 16, g, t);

@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
         }
       }
     };
-    // Dropout's keep bits (the score-mod instance), drawn before S^T and dP^T take their registers:
+    // Dropout's keep bits (its instance), drawn before S^T and dP^T take their registers:
     // tile (16 keys from skey0 + 16 mi, 16 queries from sq0 + 16 q) in keep[mi][q].
     uint32_t keep[kSMi][kSNp];
     const bool dropout = kDropout && p.dropout.on();
