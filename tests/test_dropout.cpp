@@ -210,7 +210,7 @@ TEST(Dropout, InvalidProbabilityOrImplementationIsAnErrorNamingIt) {
     EXPECT_EQ(fa_forward(&pr.p, FA_IMPL_CPU_REFERENCE), FA_ERROR_INVALID_ARGUMENT) << bad;
     EXPECT_NE(std::string(fa_last_error()).find("dropout_p"), std::string::npos) << fa_last_error();
   }
-  for (fa_impl impl : {FA_IMPL_CPU_FA1, FA_IMPL_CUDA_STANDARD, FA_IMPL_CUDA_SM90}) {  // (sm80 takes it)
+  for (fa_impl impl : {FA_IMPL_CUDA_STANDARD, FA_IMPL_CUDA_SM90}) {  // (the CPU backends and sm80 take it)
     Problem pr(0.1f);  // arguments come before the device: the same error on any machine
     if (impl == FA_IMPL_CUDA_SM90) pr.p.dtype = FA_FLOAT16;
     EXPECT_EQ(fa_forward(&pr.p, impl), FA_ERROR_UNSUPPORTED) << fa_impl_name(impl);

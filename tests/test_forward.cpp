@@ -34,8 +34,7 @@ std::vector<ForwardParam> forward_params(fa_impl impl, int max_seqlen = 1 << 30)
   for (fa_dtype dt : {FA_FLOAT32, FA_FLOAT16, FA_BFLOAT16})
     for (const Case& c : fa_test::alibi_cases(dt, false))
       if (std::max(c.seqlen_q, c.seqlen_k) <= max_seqlen) out.push_back({impl, c});
-  if (impl != FA_IMPL_CPU_FA1)  // dropout: the reference and FA2
-    for (fa_dtype dt : {FA_FLOAT32, FA_BFLOAT16})
+  for (fa_dtype dt : {FA_FLOAT32, FA_BFLOAT16})  // dropout
       for (const Case& c : fa_test::dropout_cases(dt))
         if (std::max(c.seqlen_q, c.seqlen_k) <= max_seqlen) out.push_back({impl, c});
   // Paged: one row a page, a prime, 16 (as vLLM's), one the GPU takes.

@@ -14,7 +14,7 @@ namespace flashattn {
 ImplLimits impl_limits(fa_impl impl) {
   switch (impl) {
     case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true, true, true, true, true, true};
-    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true, true, true, false, false};
+    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true, true, true, false, true};
     case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true, true, true, true, true};
     case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false, false, false, false, false};
     case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true, true, true, true, true};

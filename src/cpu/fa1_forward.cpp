@@ -6,6 +6,7 @@
 //       S_ij = scale * Q_i K_j^T (softcap, ALiBi bias, mask -> -inf)
 //       m~ = rowmax(S_ij), P~ = exp(S_ij - m~), l~ = rowsum(P~)
 //       m_new = max(m_i, m~), l_new = e^{m_i - m_new} l_i + e^{m~ - m_new} l~
+//       P~ dropped (dropout_p > 0; the paper's Algorithm 2): P~ o Z, Z_ij = 1 / (1 - p) or 0 (l~ keeps P~)
 //       O_i = diag(l_new)^-1 (diag(l_i) e^{m_i - m_new} O_i + e^{m~ - m_new} P~ V_j)
 //       write O_i, l_i = l_new, m_i = m_new back
 // and at the end lse = m + log l. O is kept in fp32 (the output dtype only at the final store).
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/dropout.hpp"
 #include "common/dtype.hpp"
 #include "common/layout.hpp"
 #include "common/mask.hpp"
@@ -33,6 +35,8 @@ void forward_head(const fa_params& p, BlockSizes bs, int b, int h) {
   const int h_kv = h / (p.num_heads / p.num_heads_kv);
   const Mask mask(sq, sk, p.causal != 0, p.window_left, p.window_right);
   const float scale = effective_scale(p), slope = alibi_slope(p, b, h);
+  const DropoutMask dropout = DropoutMask::of(p);  // an element at a time (src/common/dropout.hpp)
+  const int32_t bh = seq.batch_index * p.num_heads + h;
   const int block_r = bs.block_r, block_c = bs.block_c;
   const auto qr = q_ref(p), kr = k_ref(p), vr = v_ref(p), orf = o_ref(p);
 
@@ -72,11 +76,12 @@ void forward_head(const fa_params& p, BlockSizes bs, int b, int h) {
         }
         block_state.m = softmax::neg_inf<float>();
         for (int j = 0; j < nc; ++j) block_state.m = std::max(block_state.m, s[j]);
-        // P~ = exp(S - m~) (0 where masked), l~ = rowsum(P~), P~ V_j.
+        // P~ = exp(S - m~) (0 where masked), l~ = rowsum(P~), (P~ dropped) V_j.
         std::fill(pv.begin(), pv.end(), 0.f);
         for (int j = 0; j < nc; ++j) {
-          const float pij = softmax::exp_diff(s[j], block_state.m);
+          float pij = softmax::exp_diff(s[j], block_state.m);
           block_state.l += pij;
+          if (dropout.on()) pij = dropout.kept(bh, m0 + i, n0 + j) ? pij * dropout.scale : 0.f;
           if (pij == 0) continue;
           for (int c = 0; c < d; ++c) pv[c] += pij * v_j[size_t(j) * d + c];
         }
