@@ -6,8 +6,7 @@
 As in flash_attn, return_attn_probs=True returns (out, softmax_lse, S_dmask); S_dmask is always None
 here (flash_attn returns the dropped probabilities when dropout_p > 0; the mask here is a function of
 a seed, src/common/dropout.hpp). dropout_p > 0 draws that seed from torch's generator each call (so
-torch.manual_seed repeats it) and runs on the CPU so far; the GPU kernels raise the library's error
-naming dropout_p. block_table outside flash_attn_with_kvcache raises NotImplementedError; nothing is
+torch.manual_seed repeats it) and runs on the CPU and on the GPU (the same mask on both). block_table outside flash_attn_with_kvcache raises NotImplementedError; nothing is
 silently ignored. alibi_slopes (fp32 (nheads,) or (batch, nheads))
 runs forward and backward on the CPU and on the GPU.
 """
