@@ -75,8 +75,12 @@ TEST(Dropout, KeepBitsOfTheKernelsFragments) {
           EXPECT_EQ((bits >> e) & 1u, uint32_t(m.kept(9, 16 * i16 + DropoutMask::tile_row(lane, e),
                                                        16 * j16 + DropoutMask::tile_key(lane, e))))
               << lane << " " << e;
-        const int g = lane / 4, t = lane % 4;
-        const uint32_t bits_t = m.keep_bits_transposed(9, i16, j16, g, t);
+        // The backward's exchange as the kernels run it, the shuffle between lanes L and L ^ 4 done here.
+        const int g = lane / 4, t = lane % 4, partner = lane ^ 4;
+        uint32_t from_partner[2];
+        DropoutMask::transposed_send(m.call(9, i16, j16, DropoutMask::transposed_lane(partner / 4, partner % 4)),
+                                     partner / 4, from_partner);
+        const uint32_t bits_t = m.transposed_keep_bits(m.call(9, i16, j16, DropoutMask::transposed_lane(g, t)), from_partner, g);
         for (int nt = 0; nt < 2; ++nt)
           for (int e = 0; e < 4; ++e)
             EXPECT_EQ((bits_t >> (4 * nt + e)) & 1u,

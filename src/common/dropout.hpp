@@ -11,7 +11,7 @@
 // of its call: counter (j / 16, 32 (i / 16) + lane, b * num_heads + h, low word of offset), key (low
 // word of seed, high word of seed xor high word of offset); number e is bits 16 (e % 2) of output word
 // e / 2. The forward's thread (rows x keys) makes one call a tile (keep_bits); a thread holding the
-// transposed tile (keys x rows) two (keep_bits_transposed).
+// transposed tile (keys x rows) makes one too and trades halves with another lane (transposed_*).
 #pragma once
 
 #include <cstdint>
@@ -70,32 +70,51 @@ struct DropoutMask {
     return make(p.dropout_p, p.dropout_seed, p.dropout_offset);
   }
   FA_DROPOUT_HD bool on() const { return threshold != 0; }
-  // The 8 numbers of lane `lane` of tile (row tile i16, key tile j16) of (sequence b, head h), bh = b * heads + h.
+  // The call of lane `lane` of tile (row tile i16, key tile j16) of (sequence b, head h), bh = b * heads + h.
+  FA_DROPOUT_HD Philox4 call(int32_t bh, int32_t i16, int32_t j16, int lane) const {
+    return philox4x32_10({uint32_t(j16), uint32_t(i16) * 32u + uint32_t(lane), uint32_t(bh), offset_lo}, key0, key1);
+  }
+  // Its 8 numbers.
   FA_DROPOUT_HD void randoms(int32_t bh, int32_t i16, int32_t j16, int lane, uint16_t (&r)[8]) const {
-    const Philox4 o = philox4x32_10({uint32_t(j16), uint32_t(i16) * 32u + uint32_t(lane), uint32_t(bh), offset_lo}, key0, key1);
+    const Philox4 o = call(bh, i16, j16, lane);
     const uint32_t words[4] = {o.x, o.y, o.z, o.w};
     for (int e = 0; e < 8; ++e) r[e] = uint16_t(words[e / 2] >> (16 * (e % 2)));
   }
   // Bit e set iff number e of lane `lane`'s 8 in tile (i16, j16) is kept: the GPU forward's thread, which
   // holds the tile as that lane of the mma accumulator (rows x keys).
   FA_DROPOUT_HD uint32_t keep_bits(int32_t bh, int32_t i16, int32_t j16, int lane) const {
-    const Philox4 o = philox4x32_10({uint32_t(j16), uint32_t(i16) * 32u + uint32_t(lane), uint32_t(bh), offset_lo}, key0, key1);
-    const uint32_t words[4] = {o.x, o.y, o.z, o.w};
+    uint16_t r[8];
+    randoms(bh, i16, j16, lane, r);
     uint32_t bits = 0;
-    for (int e = 0; e < 8; ++e) bits |= uint32_t(((words[e / 2] >> (16 * (e % 2))) & 0xffffu) >= threshold) << e;
+    for (int e = 0; e < 8; ++e) bits |= uint32_t(kept(r[e])) << e;
     return bits;
   }
-  // The same tile held transposed (keys x rows, the backward's S^T) by lane 4 g + t of an mma accumulator:
-  // its element (n8 tile nt, accumulator element e), key g + 8 (e / 2) and row 8 nt + 2 t + e % 2 of the
-  // tile, is bit 4 nt + e. Those 8 numbers are half of each of two lanes' calls (8 t + g / 2 and + 4).
-  FA_DROPOUT_HD uint32_t keep_bits_transposed(int32_t bh, int32_t i16, int32_t j16, int g, int t) const {
+  // The tile held transposed (keys x rows, the backward's S^T) by lane 4 g + t of an mma accumulator: its
+  // element (n8 tile nt, accumulator element e), key g + 8 (e / 2) and row 8 nt + 2 t + e % 2 of the tile,
+  // is bit 4 nt + e of its keep bits. Those 8 numbers are half g % 2 of each of two lanes' calls, 8 t + g / 2
+  // (e % 2 = 0) and + 4 (e % 2 = 1); the thread of the other g of the pair (lane ^ 4) needs the other halves
+  // of the same two calls. So each makes one of them (transposed_lane: the one of e % 2 = g % 2), hands its
+  // partner the halves it needs (transposed_send; the kernels shuffle them) and combines its own call with
+  // what it receives (transposed_keep_bits): one call a tile, not two.
+  FA_DROPOUT_HD static int transposed_lane(int g, int t) { return 8 * t + 4 * (g % 2) + g / 2; }
+  // The partner's halves (1 - g % 2) of the call's four words, two to a word (word 2 w + k in half k of send[w]).
+  FA_DROPOUT_HD static void transposed_send(const Philox4& o, int g, uint32_t (&send)[2]) {
+    const uint32_t words[4] = {o.x, o.y, o.z, o.w};
+    for (int w = 0; w < 2; ++w) {
+      const uint32_t a = words[2 * w], b = words[2 * w + 1];
+      send[w] = g % 2 ? (a & 0xffffu) | (b << 16) : (a >> 16) | (b & 0xffff0000u);
+    }
+  }
+  // The keep bits from this thread's call o and the halves recv its partner sent: word k of a call holds
+  // n8 tile k % 2 and key half k / 2, so its numbers are bits 4 (k % 2) + 2 (k / 2) + e % 2.
+  FA_DROPOUT_HD uint32_t transposed_keep_bits(const Philox4& o, const uint32_t (&recv)[2], int g) const {
+    const uint32_t words[4] = {o.x, o.y, o.z, o.w};
+    const int x = g % 2;
     uint32_t bits = 0;
-    for (int j = 0; j < 2; ++j) {  // e % 2
-      const Philox4 o =
-          philox4x32_10({uint32_t(j16), uint32_t(i16) * 32u + uint32_t(8 * t + 4 * j + g / 2), uint32_t(bh), offset_lo}, key0, key1);
-      const uint32_t words[4] = {o.x, o.y, o.z, o.w};  // word nt + 2 (e / 2), half g % 2
-      for (int w = 0; w < 4; ++w)
-        bits |= uint32_t(((words[w] >> (16 * (g % 2))) & 0xffffu) >= threshold) << (4 * (w % 2) + 2 * (w / 2) + j);
+    for (int k = 0; k < 4; ++k) {
+      const int bit = 4 * (k % 2) + 2 * (k / 2);
+      bits |= uint32_t(kept(uint16_t(words[k] >> (16 * x)))) << (bit + x);
+      bits |= uint32_t(kept(uint16_t(recv[k / 2] >> (16 * (k % 2))))) << (bit + 1 - x);
     }
     return bits;
   }

@@ -138,14 +138,14 @@ void backward_block(const fa_params& p, const Config& c, Workspace& w, const Sha
   }
   const DropoutMask dropout = DropoutMask::of(p);
   float* z_t = w.z_t.get();
-  if (dropout.on()) {  // dV += (P Z)^T dO: P dropped as the forward did
+  const float* pd_t = s_t;  // P^T, dropped as the forward did with dropout: (P Z)^T
+  if (dropout.on()) {
     dropout_factors_t(z_t, nv, rows, m_pad, n0, m0, dropout, seq.batch_index * p.num_heads + h);
-    float* pd_t = w.pd_t.get();
-    for (int64_t e = 0; e < int64_t(nv) * m_pad; e += kLanes) vstore(pd_t + e, vload(s_t + e) * vload(z_t + e));
-    gemm<false>(nv, d_pad, rows, pd_t, m_pad, w.dout.get(), d_pad, w.dv.get(), d_pad, true);
-  } else {
-    gemm<false>(nv, d_pad, rows, s_t, m_pad, w.dout.get(), d_pad, w.dv.get(), d_pad, true);  // dV += P^T dO
+    float* dropped = w.pd_t.get();
+    for (int64_t e = 0; e < int64_t(nv) * m_pad; e += kLanes) vstore(dropped + e, vload(s_t + e) * vload(z_t + e));
+    pd_t = dropped;
   }
+  gemm<false>(nv, d_pad, rows, pd_t, m_pad, w.dout.get(), d_pad, w.dv.get(), d_pad, true);  // dV += (P Z)^T dO
   gemm<false>(nv, m_pad, d, w.v.get(), d_pad, w.do_t.get(), m_pad, dp_t, m_pad, false);    // dP^T = V dO^T
   if (dropout.on())  // dP of P itself: (V dO^T) Z
     for (int64_t e = 0; e < int64_t(nv) * m_pad; e += kLanes) vstore(dp_t + e, vload(dp_t + e) * vload(z_t + e));

@@ -210,7 +210,7 @@ struct BwdParams {
   FastDivmod task_group_div, group_pairs_div;  // by task_group * num_n_blocks, task_group
   const float* alibi_slopes;  // ALiBi (null: off): slope of sequence b, query head h at [b * stride + h]
   int64_t alibi_slopes_batch_stride;
-  DropoutMask dropout;  // off unless dropout_p > 0 (the sm80 kernels' score-mod instances)
+  DropoutMask dropout;  // off unless dropout_p > 0 (the main kernels' dropout instances)
 };
 
 }  // namespace flashattn::sm80

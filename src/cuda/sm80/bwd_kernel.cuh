@@ -504,30 +504,16 @@ __device__ __forceinline__ void probs_and_grads(float (&s)[kTiles][4], float (&d
   }
 }
 
-// The keep bits of a thread's fragment of a 16 x 16 dropout tile held transposed (keys x queries: S^T),
-// DropoutMask::keep_bits_transposed's: its 8 numbers are half of each of two lanes' calls, 8 t + g / 2 and
-// + 4, and the thread of the other g of the pair (lane ^ 4) needs the other halves of the same two. So each
-// thread makes one of the calls (8 t + 4 (g % 2) + g / 2) and passes its partner the halves it needs (two
-// shuffles): one Philox call a tile instead of two. The whole warp calls it.
+// The keep bits of a thread's fragment of a 16 x 16 dropout tile held transposed (keys x queries: S^T):
+// one Philox call, its partner lane (lane ^ 4) sent the halves it needs by two shuffles
+// (DropoutMask::transposed_*). The whole warp calls it.
 __device__ __forceinline__ uint32_t keep_bits_transposed_shared(const DropoutMask& d, int32_t bh, int32_t i16, int32_t j16,
                                                                 int g, int t) {
-  const int x = g % 2;  // the call made here is the one of element parity e % 2 = x; the half used, x too
-  const Philox4 o = philox4x32_10({uint32_t(j16), uint32_t(i16) * 32u + uint32_t(8 * t + 4 * x + g / 2), uint32_t(bh), d.offset_lo},
-                                  d.key0, d.key1);
-  const uint32_t w[4] = {o.x, o.y, o.z, o.w};
-  // The partner's halves (1 - x) of these four words, two to a word; back come this thread's halves x of its call.
-  const uint32_t lo = 0xffffu;
-  const uint32_t send0 = x ? (w[0] & lo) | (w[1] << 16) : (w[0] >> 16) | (w[1] & ~lo);
-  const uint32_t send1 = x ? (w[2] & lo) | (w[3] << 16) : (w[2] >> 16) | (w[3] & ~lo);
-  const uint32_t r[2] = {__shfl_xor_sync(0xffffffffu, send0, 4), __shfl_xor_sync(0xffffffffu, send1, 4)};
-  uint32_t bits = 0;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {  // word k: n8 tile k % 2, key half k / 2 -> bit 4 (k % 2) + 2 (k / 2) + e % 2
-    const uint32_t mine = (w[k] >> (16 * x)) & lo, theirs = (r[k / 2] >> (16 * (k % 2))) & lo;
-    const int bit = 4 * (k % 2) + 2 * (k / 2);
-    bits |= uint32_t(mine >= d.threshold) << (bit + x) | uint32_t(theirs >= d.threshold) << (bit + 1 - x);
-  }
-  return bits;
+  const Philox4 o = d.call(bh, i16, j16, DropoutMask::transposed_lane(g, t));
+  uint32_t send[2];
+  DropoutMask::transposed_send(o, g, send);
+  const uint32_t recv[2] = {__shfl_xor_sync(0xffffffffu, send[0], 4), __shfl_xor_sync(0xffffffffu, send[1], 4)};
+  return d.transposed_keep_bits(o, recv, g);
 }
 
 // Dropout on a thread's fragments of S^T and dP^T (keys x queries, kTiles n8 tiles of queries from a
