@@ -214,11 +214,15 @@ TEST(Dropout, InvalidProbabilityOrImplementationIsAnErrorNamingIt) {
     EXPECT_EQ(fa_forward(&pr.p, FA_IMPL_CPU_REFERENCE), FA_ERROR_INVALID_ARGUMENT) << bad;
     EXPECT_NE(std::string(fa_last_error()).find("dropout_p"), std::string::npos) << fa_last_error();
   }
-  for (fa_impl impl : {FA_IMPL_CUDA_STANDARD, FA_IMPL_CUDA_SM90}) {  // (the CPU backends and sm80 take it)
+  // cuda-standard does not take dropout, sm90 not with ALiBi (the CPU backends and sm80 take both).
+  const float slopes[2] = {0.5f, 0.25f};
+  for (fa_impl impl : {FA_IMPL_CUDA_STANDARD, FA_IMPL_CUDA_SM90}) {
     Problem pr(0.1f);  // arguments come before the device: the same error on any machine
-    if (impl == FA_IMPL_CUDA_SM90) pr.p.dtype = FA_FLOAT16;
+    if (impl == FA_IMPL_CUDA_SM90) pr.p.dtype = FA_FLOAT16, pr.p.alibi_slopes = slopes;
     EXPECT_EQ(fa_forward(&pr.p, impl), FA_ERROR_UNSUPPORTED) << fa_impl_name(impl);
     EXPECT_NE(std::string(fa_last_error()).find("dropout_p"), std::string::npos) << fa_last_error();
+    if (impl == FA_IMPL_CUDA_SM90)
+      EXPECT_NE(std::string(fa_last_error()).find("alibi_slopes"), std::string::npos) << fa_last_error();
   }
   Problem pr(0.1f);  // AUTO on host memory: the CPU FA2
   EXPECT_EQ(fa_forward(&pr.p, FA_IMPL_AUTO), FA_OK) << fa_last_error();

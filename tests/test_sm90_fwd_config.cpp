@@ -124,9 +124,10 @@ TEST(Sm90FwdConfig, Hdim128NextQAfterKeysOnlyWithoutAMask) {
 // from that run: the runs are contiguous, and every choice is of the problem's head dim.
 TEST(Sm90FwdConfig, EveryChoiceIsOfTheProblemsHeadDim) {
   using flashattn::cuda::sm90::fwd_config;
-  for (int k = 0; k < int(FwdKernel::kHdim256Alibi); ++k)
+  using flashattn::cuda::sm90::kLastFwdKernel;
+  for (int k = 0; k < int(kLastFwdKernel); ++k)
     EXPECT_LE(fwd_config(FwdKernel(k)).head_dim, fwd_config(FwdKernel(k + 1)).head_dim) << "kernel " << k;
-  EXPECT_EQ(fwd_config(FwdKernel(int(FwdKernel::kHdim256Alibi) + 1)).head_dim, 0);
+  EXPECT_EQ(fwd_config(FwdKernel(int(kLastFwdKernel) + 1)).head_dim, 0);
   for (int d : {64, 128, 256})
     for (int seqlen : {1, 100, 129, 1000, 2048, 2049, 5000, 8192, 8193, 12289, 16384})
       for (bool causal : {false, true})
@@ -162,10 +163,32 @@ TEST(Sm90FwdConfig, AlibiRunsItsOwnKernels) {
         p.alibi_slopes = slopes;
         EXPECT_EQ(fwd_kernel(p), alibi[i]) << "head_dim " << (64 << i) << " seqlen " << seqlen << " causal " << causal;
       }
-  for (int k = 0; k <= int(FwdKernel::kHdim256Alibi); ++k) {
+  for (int k = 0; k <= int(flashattn::cuda::sm90::kLastFwdKernel); ++k) {
     const FwdKernel kernel = FwdKernel(k);
     const bool is_alibi = kernel == alibi[0] || kernel == alibi[1] || kernel == alibi[2];
     EXPECT_EQ(fwd_config(kernel).alibi, is_alibi) << "kernel " << k;
+  }
+}
+
+// Dropout likewise: its head dim's dropout kernel at any shape and mask, the only ones with it, each without
+// the optimistic softmax or the last round's split (their static_assert in params.cuh says why).
+TEST(Sm90FwdConfig, DropoutRunsItsOwnKernels) {
+  using flashattn::cuda::sm90::fwd_config;
+  const FwdKernel dropout[] = {FwdKernel::kHdim64Dropout, FwdKernel::kHdim128Dropout, FwdKernel::kHdim256Dropout};
+  for (int i = 0; i < 3; ++i)
+    for (int seqlen : {1, 129, 2049, 8193, 16384})
+      for (bool causal : {false, true})
+        for (bool varlen : {false, true}) {
+          fa_params p = problem(64 << i, seqlen, seqlen, causal, -1, varlen);
+          EXPECT_NE(fwd_kernel(p), dropout[i]);
+          p.dropout_p = 0.1f;
+          EXPECT_EQ(fwd_kernel(p), dropout[i]) << "head_dim " << (64 << i) << " seqlen " << seqlen << " causal " << causal;
+        }
+  for (int k = 0; k <= int(flashattn::cuda::sm90::kLastFwdKernel); ++k) {
+    const FwdKernel kernel = FwdKernel(k);
+    const bool is_dropout = kernel == dropout[0] || kernel == dropout[1] || kernel == dropout[2];
+    EXPECT_EQ(fwd_config(kernel).dropout, is_dropout) << "kernel " << k;
+    if (is_dropout) EXPECT_FALSE(fwd_config(kernel).optimistic_max || fwd_config(kernel).tail_split) << "kernel " << k;
   }
 }
 

@@ -146,9 +146,9 @@ typedef struct fa_params {
    * forward and, the same elements, the backward; lse is that of the scores before dropout. The mask
    * is a function of (dropout_seed, dropout_offset, sequence, head, row, key) alone
    * (src/common/dropout.hpp): pass the same seed and offset to the backward, and a new offset (or
-   * seed) for the next call. Taken by the CPU backends and by flashattn-sm80 (not with a
-   * paged or left-padded KV cache; FA_IMPL_AUTO picks it on Hopper); the others answer
-   * FA_ERROR_UNSUPPORTED. 0: off. */
+   * seed) for the next call. Taken by the CPU backends, flashattn-sm80 (not with a paged or
+   * left-padded KV cache) and flashattn-sm90 (not with ALiBi: FA_IMPL_AUTO then picks sm80); the
+   * others answer FA_ERROR_UNSUPPORTED. 0: off. */
   float dropout_p;
   uint64_t dropout_seed;
   uint64_t dropout_offset;

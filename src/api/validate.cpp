@@ -13,13 +13,13 @@ namespace flashattn {
 
 ImplLimits impl_limits(fa_impl impl) {
   switch (impl) {
-    case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true, true, true, true, true, true};
-    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true, true, true, false, true};
-    case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true, true, true, true, true};
-    case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false, false, false, false, false};
-    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true, true, true, true, true};
-    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false, false, true, false, false};
-    default: return {0, false, false, false, false, false, false, false, false, false, false};
+    case FA_IMPL_CPU_REFERENCE: return {1024, true, true, true, true, true, true, true, true, true, true, true};
+    case FA_IMPL_CPU_FA1: return {1024, true, true, true, false, true, true, true, true, false, true, true};
+    case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true, true, true, true, true, true};
+    case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false, false, false, false, false, false};
+    case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true, true, true, true, true, true};
+    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false, false, true, false, true, false};
+    default: return {0, false, false, false, false, false, false, false, false, false, false, false};
   }
 }
 
@@ -169,6 +169,9 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
     return invalid("dropout_p must be in [0, 1) (got %g)", double(p.dropout_p));
   if (p.dropout_p > 0.f && !lim.dropout)
     return unsupported("dropout_p (%g): dropout is not supported by %s", double(p.dropout_p), fa_impl_name(impl));
+  if (p.dropout_p > 0.f && p.alibi_slopes && !lim.dropout_alibi)
+    return unsupported("dropout_p (%g) with alibi_slopes: %s takes one or the other (flashattn-sm80 both)",
+                       double(p.dropout_p), fa_impl_name(impl));
   if (p.batch == 0) return {};
   const int64_t rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   const int64_t nbatch = varlen ? 1 : p.batch;

@@ -33,6 +33,7 @@ struct ImplLimits {
   bool alibi;           // takes ALiBi slopes (fa_params::alibi_slopes) in the forward pass
   bool alibi_backward;  // ... and in the backward pass
   bool dropout;         // takes dropout (fa_params::dropout_p > 0), forward and backward
+  bool dropout_alibi;   // ... together with ALiBi
 };
 
 ImplLimits impl_limits(fa_impl impl);

@@ -34,9 +34,8 @@ int current_sm() {
 
 fa_impl best_impl(const fa_params& p, bool backward) {
   if (current_sm() != 90) return FA_IMPL_CUDA_SM80;
-  // ALiBi, dropout: the sm80 backward (the sm90 one takes neither; sm90_supports refuses dropout).
-  if (backward)
-    return sm90_backward_supports(p) && !p.alibi_slopes && !(p.dropout_p > 0.f) ? FA_IMPL_CUDA_SM90 : FA_IMPL_CUDA_SM80;
+  // ALiBi: the sm80 backward (the sm90 one does not take it).
+  if (backward) return sm90_backward_supports(p) && !p.alibi_slopes ? FA_IMPL_CUDA_SM90 : FA_IMPL_CUDA_SM80;
   if (!sm90_supports(p)) return FA_IMPL_CUDA_SM80;
   // Decode (a few query rows over a long cache) runs the sm80 forward's decode configs: 16-row tiles
   // whose warps split the keys, or 64-row ones (the Hopper ones have 128 or more), and split-KV in

@@ -77,6 +77,26 @@ inline Status device_info(DeviceInfo* info) {
 // rare blocks that move it that far (docs/sm90.md, step 16).
 constexpr float kMaxSlack = 8.f;
 
+// The softcap's tanh in the GPU kernels (s = softcap * tanh(s * scale / softcap), and 1 - tanh^2 in the
+// backward's dS): the SFU's tanh.approx.f32, one instruction where tanhf is about 20 with a branch; the
+// forward's lse and the backward's P use the same one. Its relative error, about 2^-11 (PTX ISA), moves a
+// score of softcap * tanh by about softcap * 2^-11 at most; FlashAttention 2 and 3 take it too. Dev switch:
+// FLASHATTN_FAST_TANH=0 builds tanhf.
+#ifndef FLASHATTN_FAST_TANH
+#define FLASHATTN_FAST_TANH 1
+#endif
+#if defined(__CUDACC__)
+__device__ __forceinline__ float softcap_tanh(float x) {
+#if FLASHATTN_FAST_TANH
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return tanhf(x);
+#endif
+}
+#endif
+
 // A kernel's dynamic shared memory against what this GPU lets one block use: the sm80 tables are
 // sized for the A100 (163 KB), and a GPU with less (99 KB on sm_86 / sm_89 cards) gets this error
 // instead of cudaFuncSetAttribute's "invalid argument".

@@ -128,14 +128,19 @@ TEST_P(Sm80Forward, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Standard, Sm80Forward, testing::ValuesIn(sm80_forward_cases()), param_name);
 
-// Dropout through FA_IMPL_AUTO: on Hopper the sm90 kernels do not take it, and the dispatcher picks the
-// sm80 ones (forward and backward).
+// Dropout through FA_IMPL_AUTO: the dispatcher picks kernels that take it (on Hopper the sm90 ones, but for
+// dropout with ALiBi and head dims without a Hopper kernel, which go to sm80), forward and backward.
 TEST(Sm80Dropout, AutoPicksKernelsThatTakeIt) {
   FA_SKIP_WITHOUT_CUDA();
-  Case c = fa_test::make_case(FA_BFLOAT16, 2, 500, 500, 4, 2, 128);
-  c.dropout_p = 0.1f, c.dropout_seed = 3, c.causal = true;
-  EXPECT_TRUE(fa_test::check_forward(c, FA_IMPL_AUTO, fa_test::Space::Cuda));
-  EXPECT_TRUE(fa_test::check_backward(c, FA_IMPL_AUTO, fa_test::Space::Cuda));
+  for (int d : {128, 96}) {
+    Case c = fa_test::make_case(FA_BFLOAT16, 2, 500, 500, 4, 2, d);
+    c.dropout_p = 0.1f, c.dropout_seed = 3, c.causal = true;
+    EXPECT_TRUE(fa_test::check_forward(c, FA_IMPL_AUTO, fa_test::Space::Cuda));
+    EXPECT_TRUE(fa_test::check_backward(c, FA_IMPL_AUTO, fa_test::Space::Cuda));
+    c.alibi = 1, c.alibi_max_slope = 0.5f;
+    EXPECT_TRUE(fa_test::check_forward(c, FA_IMPL_AUTO, fa_test::Space::Cuda));
+    EXPECT_TRUE(fa_test::check_backward(c, FA_IMPL_AUTO, fa_test::Space::Cuda));
+  }
 }
 
 // Dropout with a paged or left-padded KV cache: a clear error naming both (dropout is for training).

@@ -30,7 +30,28 @@ std::vector<Case> sm90_backward_cases() {
       out.push_back(c);
       c.causal = false, c.window_left = 300, c.window_right = 0, c.softcap = 20.f;
       out.push_back(c);
+      // Dropout (the kernel's dropout instance): GQA; several q-blocks and k-blocks, causal, most of P dropped;
+      // a window with softcap; the last wave's pieces; varlen with element-wise loads (cp.async, dK, dV from
+      // registers).
+      Case dr = make_case(dt, 1, 300, 333, 4, 2, d);
+      dr.dropout_p = 0.25f, dr.dropout_seed = uint64_t(d) * 1000003u;
+      out.push_back(dr);
+      dr = make_case(dt, 2, 1000, 1100, 8, 2, d);
+      dr.causal = true, dr.dropout_p = 0.7f, dr.dropout_seed = 5;
+      out.push_back(dr);
+      dr.causal = false, dr.window_left = 300, dr.window_right = 0, dr.softcap = 20.f, dr.dropout_p = 0.1f;
+      out.push_back(dr);
+      dr = make_case(dt, 1, 700, 1000, 8, 2, d);
+      dr.dropout_p = 0.2f, dr.dropout_seed = 6;
+      out.push_back(dr);
+      dr = make_case(dt, 1, 130, 140, 2, 2, d);
+      dr.row_padding = 3, dr.dropout_p = 0.3f, dr.dropout_seed = 7, dr.seqlens_q = {0, 130, 64, 1};
+      dr.seqlens_k = {9, 0, 300, 200}, dr.batch = 4, dr.seqlen_q = 130, dr.seqlen_k = 300;
+      out.push_back(dr);
     }
+    // The shared dropout cases at the head dims it takes (not with ALiBi: those go to sm80).
+    for (const Case& dc : fa_test::dropout_cases(dt))
+      if (hopper_head_dim(dc.head_dim) && dc.alibi == 0) out.push_back(dc);
     // Unmasked problems run the last wave's tasks in pieces (bwd_launch.cu, tail_split): on an H100 these 16
     // tasks run as 8 pieces each, which cross query heads and end in the partial last q-block.
     for (int d : {64, 128}) out.push_back(make_case(dt, 1, 700, 1000, 8, 2, d));
@@ -70,6 +91,8 @@ std::vector<Case> sm90_deterministic_cases() {
       c.deterministic = true;
       out.push_back(c);
       c.causal = true;
+      out.push_back(c);
+      c.dropout_p = 0.2f, c.dropout_seed = 8;  // dropout's instance
       out.push_back(c);
     }
     for (int d : {64, 128}) {

@@ -30,6 +30,9 @@ std::vector<Case> sm90_forward_cases() {
     // The kernel takes head dims 64, 128, 256 and 16-byte strides (TMA); the rest goes to sm80.
     for (const Case& c : fa_test::standard_forward_cases(dt, 256))
       if ((c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256) && c.row_padding % 8 == 0) out.push_back(c);
+    // The shared dropout cases it takes (not with ALiBi: those go to sm80).
+    for (const Case& c : fa_test::dropout_cases(dt))
+      if ((c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256) && c.alibi == 0) out.push_back(c);
     for (int d : {64, 128, 256}) {
       Case c;
       c.dtype = dt, c.head_dim = d, c.batch = 2, c.seqlen_q = 1000, c.seqlen_k = 1100, c.num_heads = 8;
@@ -71,6 +74,21 @@ std::vector<Case> sm90_forward_cases() {
       Case av = fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 4, 1, d), {400, 0, 129, 1}, {300, 40, 0, 500});
       av.alibi = 2, av.alibi_max_slope = 1.f, av.causal = true;
       out.push_back(av);
+      // Dropout (its own kernel a head dim, tiles from row 0): GQA, causal with more queries than keys and most
+      // of P dropped, a window with softcap, varlen with empty sequences, many key blocks.
+      Case dr = fa_test::make_case(dt, 2, 300, 333, 4, 2, d);
+      dr.dropout_p = 0.15f, dr.dropout_seed = uint64_t(d) << 40 | 21;
+      out.push_back(dr);
+      dr.causal = true, dr.seqlen_q = 1000, dr.seqlen_k = 700, dr.dropout_p = 0.6f;
+      out.push_back(dr);
+      dr.causal = false, dr.window_left = 100, dr.window_right = 30, dr.softcap = 5.f, dr.dropout_p = 0.3f;
+      out.push_back(dr);
+      Case dv = fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 4, 1, d), {400, 0, 129, 1}, {300, 40, 0, 500});
+      dv.dropout_p = 0.2f, dv.dropout_seed = 9, dv.causal = true;
+      out.push_back(dv);
+      Case dl = fa_test::make_case(dt, 1, 300, 2100, 2, 1, d);
+      dl.dropout_p = 0.1f, dl.dropout_seed = 12, dl.causal = true;
+      out.push_back(dl);
       // Head_dim 256 up to 1k keys (ping-pong) with several tiles a CTA, GQA 4:1, without a mask and causal.
       if (d == 256) {
         Case pp = fa_test::make_case(dt, 4, 640, 1000, 16, 4, 256);

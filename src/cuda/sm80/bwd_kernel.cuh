@@ -490,7 +490,7 @@ __device__ __forceinline__ void probs_and_grads(float (&s)[kTiles][4], float (&d
                              : 0.f;
       float pv, ds;
       if (kGeneral && kScoreMod && p.softcap > 0.f) {
-        const float th = tanhf(s[nt][e] * p.softcap_inv);
+        const float th = cuda::softcap_tanh(s[nt][e] * p.softcap_inv);
         pv = exp2_fast(p.softcap * kLog2e * th - bias - lse_log2[j]);
         ds = pv * (dp[nt][e] - dsum[j]) * (1.f - th * th);
       } else {

@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(32 * kWarps_) fwd_kernel(const FwdParams p) {
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nt][e] = tanhf(s[mt][nt][e] * p.softcap_scale);
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = cuda::softcap_tanh(s[mt][nt][e] * p.softcap_scale);
     }
 
     const int n0 = n_block * kBlockN;

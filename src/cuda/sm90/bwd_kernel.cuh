@@ -238,12 +238,15 @@ __device__ __forceinline__ void issue_s_dp(float (&s)[Tr::kBlockM / 2], float (&
 
 // Once S^T, dP^T are done: P^T, dS^T in place (the accumulator is an array of n8 tiles of mma.sync's C
 // layout), then packed as the A operands of dV += P^T dO_i and dK += dS^T Q_i (k16 step kk = query columns
-// 16 kk ..). lse_cols, dsum_cols: lse_i, D_i from this thread's first column.
-template <class T, class Tr>
+// 16 kk ..). lse_cols, dsum_cols: lse_i, D_i from this thread's first column. kDropout: keep, the keep bits of
+// query tile q (sm80::dropout_keep); dP^T's dropped elements zeroed and the kept ones scaled before the
+// gradient (dS = P (dP Z - D)), P^T's dropped ones zeroed after it (dV's scale comes at the store).
+template <class T, class Tr, bool kDropout>
 __device__ __forceinline__ void probs_grads_operands(float (&s)[Tr::kBlockM / 2], float (&dp)[Tr::kBlockM / 2],
                                                      const float* lse_cols, const float* dsum_cols,
                                                      const sm80::BwdParams& p, const sm80::BandMask& band,
-                                                     bool need_mask, uint32_t (&a_p)[Tr::kBlockM / 16][4],
+                                                     bool need_mask, const uint32_t (&keep)[Tr::kBlockM / 16],
+                                                     uint32_t (&a_p)[Tr::kBlockM / 16][4],
                                                      uint32_t (&a_ds)[Tr::kBlockM / 16][4]) {
   constexpr int kBlockM = Tr::kBlockM;
   wgmma_wait<0>();
@@ -251,9 +254,11 @@ __device__ __forceinline__ void probs_grads_operands(float (&s)[Tr::kBlockM / 2]
   fence_registers(dp);
   auto& s_tiles = reinterpret_cast<float(&)[kBlockM / 8][4]>(s);
   auto& dp_tiles = reinterpret_cast<float(&)[kBlockM / 8][4]>(dp);
+  if constexpr (kDropout) sm80::dropout_dp<kBlockM / 8>(dp_tiles, keep, p.dropout.scale);
   if (p.softcap > 0.f) sm80::probs_and_grads<true>(s_tiles, dp_tiles, lse_cols, dsum_cols, p, band, need_mask);
   else if (need_mask) sm80::probs_and_grads<true, kBlockM / 8, false>(s_tiles, dp_tiles, lse_cols, dsum_cols, p, band, true);
   else sm80::probs_and_grads<false>(s_tiles, dp_tiles, lse_cols, dsum_cols, p, band, false);
+  if constexpr (kDropout) sm80::dropout_p<kBlockM / 8>(s_tiles, keep);
 #pragma unroll
   for (int kk = 0; kk < kBlockM / 16; ++kk)
 #pragma unroll
@@ -359,12 +364,12 @@ __device__ __forceinline__ void add_dq_ordered(const sm80::BwdParams& p, const M
   if (tid == 0) atomicAdd(semaphore, 1);
 }
 
-// dK_j * softmax_scale and dV_j in the dtype: this thread's rows key_row, key_row + 8 (rows past seqlen_k and
-// padded columns dropped).
+// dK_j * softmax_scale and dV_j * dv_scale (dropout's 1 / (1 - p), or 1) in the dtype: this thread's rows key_row,
+// key_row + 8 (rows past seqlen_k and padded columns dropped).
 template <class T, class Tr>
 __device__ __forceinline__ void store_dk_dv(const sm80::BwdParams& p, const sm80::BwdSeq& seq, int n0, int head_kv,
                                             int key_row, int t, const float (&acc_dk)[Tr::kDim / 2],
-                                            const float (&acc_dv)[Tr::kDim / 2]) {
+                                            const float (&acc_dv)[Tr::kDim / 2], float dv_scale) {
   using sm80::bwd_offset;
   const bool vectorized = p.vectorized != 0;
   T* dk = static_cast<T*>(p.dk) + bwd_offset(seq, seq.k_start, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, n0, head_kv);
@@ -378,13 +383,13 @@ __device__ __forceinline__ void store_dk_dv(const sm80::BwdParams& p, const sm80
       const int col = 8 * n + 2 * t;
       sm80::store2<T>(dk + int64_t(row) * p.dk_row_stride, col, p.head_dim, acc_dk[4 * n + 2 * i] * p.softmax_scale,
                       acc_dk[4 * n + 2 * i + 1] * p.softmax_scale, vectorized);
-      sm80::store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[4 * n + 2 * i],
-                      acc_dv[4 * n + 2 * i + 1], vectorized);
+      sm80::store2<T>(dv + int64_t(row) * p.dv_row_stride, col, p.head_dim, acc_dv[4 * n + 2 * i] * dv_scale,
+                      acc_dv[4 * n + 2 * i + 1] * dv_scale, vectorized);
     }
   }
 }
 
-// dK_j * softmax_scale and dV_j through shared memory: both warpgroups done with K, V (first barrier), each stages
+// dK_j * softmax_scale and dV_j * dv_scale through shared memory: both warpgroups done with K, V (first barrier), each stages
 // its keys' rows over them in the tiles' layout (stmatrix, as dS^T), and one thread stores the tiles by TMA, then
 // waits until they are read (K, V's next load must not overwrite them). Rows past the tensor are not written;
 // a varlen k-block that ends past its sequence would write the next one's rows, so it stores from registers.
@@ -392,7 +397,7 @@ template <class T, class Tr>
 __device__ __forceinline__ void store_dk_dv_tma(const sm80::BwdParams& p, const BwdMaps& maps, T* sk, T* sv,
                                                 const sm80::BwdSeq& seq, int n0, int head_kv, int wg,
                                                 int warp_in_wg, int tid, const float (&acc_dk)[Tr::kDim / 2],
-                                                const float (&acc_dv)[Tr::kDim / 2]) {
+                                                const float (&acc_dv)[Tr::kDim / 2], float dv_scale) {
   ConsumerSync::sync();  // every dQ product has read K
   uint32_t lane_v;
   asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane_v));
@@ -406,8 +411,9 @@ __device__ __forceinline__ void store_dk_dv_tma(const sm80::BwdParams& p, const 
     const float sc = p.softmax_scale;
     stmatrix_x4(cur_k.at(0, 16 * kk), sm80::pack2<T>(k8[0] * sc, k8[1] * sc), sm80::pack2<T>(k8[2] * sc, k8[3] * sc),
                 sm80::pack2<T>(k8[4] * sc, k8[5] * sc), sm80::pack2<T>(k8[6] * sc, k8[7] * sc));
-    stmatrix_x4(cur_v.at(0, 16 * kk), sm80::pack2<T>(v8[0], v8[1]), sm80::pack2<T>(v8[2], v8[3]),
-                sm80::pack2<T>(v8[4], v8[5]), sm80::pack2<T>(v8[6], v8[7]));
+    const float dvs = dv_scale;
+    stmatrix_x4(cur_v.at(0, 16 * kk), sm80::pack2<T>(v8[0] * dvs, v8[1] * dvs), sm80::pack2<T>(v8[2] * dvs, v8[3] * dvs),
+                sm80::pack2<T>(v8[4] * dvs, v8[5] * dvs), sm80::pack2<T>(v8[6] * dvs, v8[7] * dvs));
   }
   sm80::fence_proxy_async_shared();  // written by the generic proxy, read by the TMA
   ConsumerSync::sync();
@@ -467,7 +473,7 @@ __device__ __forceinline__ void warp_load_tile(T* smem, const T* gmem, int64_t r
 // K_j, V_j come from the producer too (kv_full, kv_empty). The CTA runs the task grid's CTAs blockIdx.x,
 // + gridDim.x, .. < ctas: one, unless the grid is persistent (BwdParams::persistent_ctas); every role
 // counts its q-blocks and tasks over them, so the mbarriers' phases run on from task to task.
-template <class T, int kHeadDim>
+template <class T, int kHeadDim, bool kDropout>
 __global__ void __launch_bounds__(384, 1)
     bwd_ws_kernel(const sm80::BwdParams p, const __grid_constant__ BwdMaps maps, int ctas) {
   using namespace sm80;
@@ -640,11 +646,16 @@ __global__ void __launch_bounds__(384, 1)
       IssueOrder::before(key_row);
       issue_s_dp<Tr>(s, dp, k_it, v_it, q_buf, do_buf);
       IssueOrder::after(key_row);
+      // Dropout's keep bits while S^T, dP^T compute: query tiles m0 / 16 + q of (sequence, query head), this
+      // warp's key tile (one Philox call a tile, shared with the partner lane: sm80::dropout_keep).
+      uint32_t keep[kBlockM / 16];
+      if constexpr (kDropout)
+        dropout_keep<kBlockM / 8>(p.dropout, keep, w.task.b * p.num_heads + cur.h, m0 / 16, (n0 + key_row - g) / 16, g, t);
       const BlockBand bb = block_band<kBlockM>(w.mask, seqlen_q, seq.seqlen_k, n0, w.n1, m0);
       const BandMask band{key_row, 2 * t, bb.lo, bb.hi, seq.seqlen_k - n0, seqlen_q - m0};
       uint32_t a_p[kBlockM / 16][4], a_ds[kBlockM / 16][4];
-      probs_grads_operands<T, Tr>(s, dp, sm.lse(buf) + 2 * t, sm.d(buf) + 2 * t, p, band,
-                                  bb.need_mask, a_p, a_ds);
+      probs_grads_operands<T, Tr, kDropout>(s, dp, sm.lse(buf) + 2 * t, sm.d(buf) + 2 * t, p, band, bb.need_mask, keep,
+                                            a_p, a_ds);
       issue_dv_dk<Tr>(acc_dv, acc_dk, a_p, a_ds, q_buf, do_buf);
       store_ds_t<Tr>(smem_addr(sm.ds(buf)), wg, warp_in_wg, a_ds);
       ConsumerSync::sync();  // dS^T complete (both warpgroups' keys)
@@ -676,12 +687,12 @@ __global__ void __launch_bounds__(384, 1)
     const bool by_tma = tma && cta < p.tail_begin && (p.cu_seqlens_k == nullptr || n0 + Tr::kBlockN <= seq.seqlen_k);
     if (by_tma) {
       store_dk_dv_tma<T, Tr>(p, maps, sm.k(), sm.v(), seq, n0, w.task.head_kv, int(opaque(wg)),
-                             int(opaque(warp_in_wg)), tid_e, acc_dk, acc_dv);
+                             int(opaque(warp_in_wg)), tid_e, acc_dk, acc_dv, kDropout ? p.dropout.scale : 1.f);
       mbar_arrive(kv_empty);  // (thread 0 once its stores have read K, V's tiles)
     } else {
       mbar_arrive(kv_empty);  // this thread's products are done with K, V (the last dQ product waited for)
       if (tail_sum<Tr::kConsumerThreads, kHeadDim / 2, ConsumerSync>(p, acc_dk, acc_dv, tid_e, cta))
-        store_dk_dv<T, Tr>(p, seq, n0, w.task.head_kv, key_row_e, t_e, acc_dk, acc_dv);
+        store_dk_dv<T, Tr>(p, seq, n0, w.task.head_kv, key_row_e, t_e, acc_dk, acc_dv, kDropout ? p.dropout.scale : 1.f);
     }
     ++n;
   }

@@ -28,6 +28,7 @@ struct FwdConfig {
   int q_after_kv_from = 0;      // tiles of q_after_kv_from to q_after_kv_to key blocks load the next q after
   int q_after_kv_to = 0;        // their k, v (Traits::kQAfterKVTo); 0: none
   bool alibi = false;           // ALiBi's bias on the scores (fa_params::alibi_slopes; a kernel of its own)
+  bool dropout = false;         // dropout on P (fa_params::dropout_p; a kernel of its own)
   constexpr int block_m() const { return 64 * consumers; }
 };
 
@@ -40,6 +41,7 @@ enum class FwdKernel {
   kHdim64ThreeWarpgroupsCausal,
   kHdim64Serial,
   kHdim64Alibi,
+  kHdim64Dropout,
   kHdim128ShortKeys,
   kHdim128ShortKeysOptimistic,
   kHdim128ShortKeysCausal,
@@ -48,11 +50,14 @@ enum class FwdKernel {
   kHdim128SerialSplit,
   kHdim128Serial,
   kHdim128Alibi,
+  kHdim128Dropout,
   kHdim256ShortKeys,
   kHdim256,
   kHdim256LongNoMask,
   kHdim256Alibi,
+  kHdim256Dropout,
 };
+constexpr FwdKernel kLastFwdKernel = FwdKernel::kHdim256Dropout;
 
 // A kernel with the optimistic softmax: its key blocks from the last down, or ascending (keys_forward).
 constexpr FwdConfig optimistic(FwdConfig config, bool keys_forward = false) {
@@ -74,6 +79,8 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
       return optimistic(fwd_config(FwdKernel::kHdim64ThreeWarpgroups), true);
     case FwdKernel::kHdim64Serial: return {.head_dim = 64, .block_n = 192, .consumers = 3, .serial = true};
     case FwdKernel::kHdim64Alibi: return {.head_dim = 64, .block_n = 128, .consumers = 3, .alibi = true};
+    // Dropout: 2 warpgroups (with 3, at 160 registers a thread, the Philox calls spilled 224 bytes).
+    case FwdKernel::kHdim64Dropout: return {.head_dim = 64, .block_n = 128, .rescale_early = true, .dropout = true};
     case FwdKernel::kHdim128ShortKeys:
       return {.head_dim = 128, .block_n = 128, .rescale_early = true, .pingpong = true};
     case FwdKernel::kHdim128ShortKeysOptimistic: {
@@ -92,10 +99,13 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
     case FwdKernel::kHdim128Serial: return {.head_dim = 128, .block_n = 128, .consumers = 3, .serial = true};
     case FwdKernel::kHdim128Alibi:
       return {.head_dim = 128, .block_n = 128, .rescale_early = true, .pingpong = true, .alibi = true};
+    case FwdKernel::kHdim128Dropout:
+      return {.head_dim = 128, .block_n = 128, .rescale_early = true, .pingpong = true, .dropout = true};
     case FwdKernel::kHdim256ShortKeys: return {.head_dim = 256, .block_n = 64, .pingpong = true};
     case FwdKernel::kHdim256: return {.head_dim = 256, .block_n = 64};
     case FwdKernel::kHdim256LongNoMask: return {.head_dim = 256, .block_n = 80};
     case FwdKernel::kHdim256Alibi: return {.head_dim = 256, .block_n = 64, .alibi = true};
+    case FwdKernel::kHdim256Dropout: return {.head_dim = 256, .block_n = 64, .dropout = true};
   }
   return {};  // past the last: head_dim 0
 }
@@ -197,6 +207,10 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
   // with the keys) on the tiles of its plain kernels without a mask (head_dim 128: the short-key kernel's).
   if (p.alibi_slopes)
     return p.head_dim == 64 ? FwdKernel::kHdim64Alibi : p.head_dim == 128 ? FwdKernel::kHdim128Alibi : FwdKernel::kHdim256Alibi;
+  // Dropout (not with ALiBi: sm90_supports): likewise, the full softmax, tiles from row 0 (no causal row shift:
+  // dropout's 16 x 16 tiles, common/dropout.hpp, then fall whole in a warp's rows).
+  if (p.dropout_p > 0.f)
+    return p.head_dim == 64 ? FwdKernel::kHdim64Dropout : p.head_dim == 128 ? FwdKernel::kHdim128Dropout : FwdKernel::kHdim256Dropout;
   if (p.head_dim == 64) {
     if (p.seqlen_q <= 128) return FwdKernel::kHdim64TwoWarpgroups;
     const Mask mask = mask_of(p);

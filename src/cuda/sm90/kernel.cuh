@@ -88,6 +88,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (store) {
           float inv[2];
           consumer.epilogue_inverse(inv);
+          if constexpr (T::kDropout) inv[0] *= p.dropout.scale, inv[1] *= p.dropout.scale;  // O of the kept P / (1 - p)
           if constexpr (T::kStagedEpilogue) {
             if (store_tile_staged<T>(consumer.o, consumer.row_max, consumer.row_sum, inv, p, &map_o, tile, consumer_wg,
                                      smem.q[qs], &smem.q_empty[qs], consumer.trace_count))

@@ -92,7 +92,7 @@ auto with_instance(const fa_params& p, F&& f, None&& none) {
 bool sm90_supports(const fa_params& p) {
   if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16) return false;
   if (p.seqused_k || p.block_table || p.leftpad_k) return false;  // a KV cache (used lengths, pages): the sm80 forward's path
-  if (p.dropout_p > 0.f) return false;                               // dropout: the sm80 forward's
+  if (p.dropout_p > 0.f && p.alibi_slopes) return false;            // dropout with ALiBi: the sm80 forward's
   if (!with_instance(p, [](auto, auto) { return true; }, [] { return false; })) return false;
   // The softmax takes the row max of the raw scores and scales it after: right for scale > 0
   // (and with softcap, which is applied first). A negative scale goes to sm80.
@@ -127,7 +127,7 @@ Status sm90_forward(const fa_params& p) {
   if (!sm90_supports(p))
     return unsupported("impl flashattn-sm90 does not take this problem (dtype %s, head_dim %d; it needs fp16 or "
                        "bf16, head_dim 64, 128 or 256, 16-byte aligned pointers and strides, softmax_scale >= 0 unless "
-                       "softcap, fewer than 2^31 rows)",
+                       "softcap, fewer than 2^31 rows, not both dropout and ALiBi)",
                        fa_dtype_name(p.dtype), p.head_dim);
   return with_instance(
       p, [&](auto d, auto bf16) { return sm90::run_fwd<decltype(d)::value, decltype(bf16)::value>(p); },

@@ -36,7 +36,7 @@ namespace flashattn::cuda::sm90 {
 // 384, measured +5%. Fixed-length batches only (varlen tiles start at their sequence's row 0).
 template <class T>
 int32_t causal_row_shift(const fa_params& p) {
-  if (!tiles_end_aligned(p)) return 0;
+  if (!tiles_end_aligned(p) || T::kDropout) return 0;
   return end_aligned_row_shift<T::kBlockM, T::kBlockN>(mask_of(p));
 }
 
@@ -156,6 +156,7 @@ Status launch(const fa_params& p) {
   fp.softcap_pre = fp.has_softcap ? scale / p.softcap : 0.f;
   fp.softcap = p.softcap;
   fp.alibi_slopes = p.alibi_slopes, fp.alibi_slopes_batch_stride = p.alibi_slopes_batch_stride;
+  fp.dropout = DropoutMask::of(p);
   fp.causal = p.causal;
   fp.window_left = p.window_left;
   fp.window_right = p.window_right;
@@ -264,7 +265,7 @@ template <int kHeadDim, bool kBf16, int kIndex = 0, class F>
 auto with_kernel_traits(FwdKernel kernel, F&& f) {
   constexpr FwdConfig config = fwd_config(FwdKernel(kIndex));
   if constexpr (config.head_dim != kHeadDim) {
-    static_assert(kIndex < int(FwdKernel::kHdim256Alibi), "a head dim without a kernel");
+    static_assert(kIndex < int(kLastFwdKernel), "a head dim without a kernel");
     return with_kernel_traits<kHeadDim, kBf16, kIndex + 1>(kernel, f);
   } else if constexpr (fwd_config(FwdKernel(kIndex + 1)).head_dim != kHeadDim) {
     return f(TraitsTag<Traits<config, kBf16>>{});

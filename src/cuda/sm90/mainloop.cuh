@@ -303,7 +303,7 @@ struct Consumer {
                                                      bool need_mask) {
     if (p.has_softcap) {
 #pragma unroll
-      for (int e = 0; e < kN / 2; ++e) s[e] = p.softcap * tanhf(s[e] * p.softcap_pre);
+      for (int e = 0; e < kN / 2; ++e) s[e] = p.softcap * softcap_tanh(s[e] * p.softcap_pre);
     }
     if (need_mask) {
       // Bounds relative to the thread's first key, so each element compares its compile-time
@@ -365,6 +365,21 @@ struct Consumer {
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < 2; ++j) s[4 * n + 2 * i + j] -= a.slope * fabsf(d[i] - float(8 * n + j));
+  }
+
+  // Dropout (Traits::kDropout): P's dropped elements zeroed once the softmax has summed them all (O = (Z P / l)
+  // V: the row sums are of P, the scale 1 / (1 - p) comes with 1 / l in the epilogue). s[8 kt + e] (rows g, g + 8,
+  // keys 16 kt + 8 (e / 4) + 2 t + e % 2) is number e of this lane's call in 16 x 16 tile kt, the layout of
+  // common/dropout.hpp (the accumulator is mma.sync's): one Philox call a tile. i16: the warp's row tile.
+  __device__ __forceinline__ static void dropout_scores(float (&s)[kN / 2], const DropoutMask& d, int32_t bh, int32_t i16,
+                                                        int32_t key0) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kt = 0; kt < kN / 16; ++kt) {
+      const uint32_t keep = d.keep_bits(bh, i16, key0 / 16 + kt, lane);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s[8 * kt + e] = (keep >> e) & 1u ? s[8 * kt + e] : 0.f;
+    }
   }
 
   // mask_scores with this thread's two rows' key ranges computed from the tile.
@@ -551,6 +566,8 @@ struct Consumer {
     }
     AlibiRows alibi{};
     if constexpr (T::kAlibi) alibi = alibi_rows(tile, p, row0);
+    // Dropout: (sequence, head) and this warp's row tile (tiles start at multiples of 16 rows: no row shift).
+    const int32_t drop_bh = tile.batch * p.num_heads + tile.head, drop_i16 = (row0 - lane / 4) / 16;
     const int64_t inner_begin = plan.inner_begin, inner_end = plan.inner_end;
     // The blocks plain_blocks gives, tested by key here: run_tile written with plain_blocks and
     // TileWork::needs_mask measured 2% slower at 512 keys (dev/sm90/results-h100-run18.txt, 18f).
@@ -617,6 +634,7 @@ struct Consumer {
     mask_scores(s, p, n * kN, key_begin, key_end, needs_mask(n));
     if constexpr (T::kAlibi) alibi_scores(s, alibi, n * kN);
     online_softmax(s, p.score_scale_log2, corr);
+    if constexpr (T::kDropout) dropout_scores(s, p.dropout, drop_bh, drop_i16, n * kN);
     to_a_operand(s, pa);
     SM90_TRACE(p, consumer_wg, trace_count, 4);
     int prev_stage = pipe.index;
@@ -653,6 +671,7 @@ struct Consumer {
         if constexpr (T::kAlibi) alibi_scores(s, alibi, n * kN);
         online_softmax(s, p.score_scale_log2, corr);
         rescale_o(corr);
+        if constexpr (T::kDropout) dropout_scores(s, p.dropout, drop_bh, drop_i16, n * kN);
         to_a_operand(s, pa);
         prev_stage = pipe.index;
         prev_phase = pipe.phase;
@@ -696,6 +715,8 @@ struct Consumer {
         }
         if (signals && T::kOptimisticMax) mbar_arrive(&smem.k_empty[pipe.index]);
         if (kQAfterCheck && release_q && i == n_begin) mbar_arrive(&smem.q_empty[qs]);
+        // Its Philox calls, too, while O += P v of the block before runs.
+        if constexpr (T::kDropout) dropout_scores(s, p.dropout, drop_bh, drop_i16, n * kN);
         wait_pv_after_softmax(smem, s, corr, pa, pipe, prev_stage, signals);
         if constexpr (!T::kRescaleEarly) rescale_o(corr);
         to_a_operand(s, pa);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/dropout.hpp"      // DropoutMask
 #include "common/fast_divmod.hpp"  // the tile decode (three divisions in a row were ~850 clocks a tile)
 #include "common/last_round_split.hpp"  // TailStream
 #include "cuda/sm90/fwd_config.hpp"     // FwdConfig
@@ -199,6 +200,7 @@ struct FwdParams {
   int32_t* tail_done;  // [split tile][warpgroup]: pieces finished (zeroed before the launch)
   const float* alibi_slopes;  // ALiBi (Traits::kAlibi): slope of sequence b, head h at [b * stride + h]
   int64_t alibi_slopes_batch_stride;
+  DropoutMask dropout;  // Traits::kDropout: P's keep mask and the scale of the kept (common/dropout.hpp)
 #if FLASHATTN_SM90_TRACE
   long long* trace;
 #endif
@@ -308,6 +310,7 @@ struct Traits {
           : kHeadDim == 64 ? 3 : 2;
   static constexpr bool kTileOverlap = kConfig.tile_overlap;
   static constexpr bool kAlibi = kConfig.alibi;  // ALiBi's bias (Consumer::alibi_scores)
+  static constexpr bool kDropout = kConfig.dropout;  // dropout on P (Consumer::dropout_scores)
   // Two q buffers where they fit: the next tile's q loads while this one runs.
   static constexpr int kQStages = 2 * kQBytes + 2 * kStages * kKVBytes <= kSmemLimit ? 2 : 1;
   // The epilogue stages O in the tile's q buffer (epilogue.cuh) when the other q buffer lets the
@@ -386,6 +389,8 @@ struct Traits {
   static constexpr bool kInverseEarly = kHeadDim == 64 && (kConsumerWarpgroups == 2 || kKeysForward);
   static_assert(!kTailSplit || (kHeadDim == 128 && !kTileOverlap), "split tiles: head_dim 128, tile by tile");
   static_assert(!kAlibi || (!kTileOverlap && !kTailSplit && !kOptimisticMax), "ALiBi: whole tiles, the full softmax");
+  static_assert(!kDropout || (!kTileOverlap && !kTailSplit && !kOptimisticMax && !kAlibi && kBlockN % 16 == 0),
+                "dropout: whole tiles, the full softmax, whole 16 x 16 dropout tiles a block");
   static_assert(kHeadDim % 64 == 0 && kBlockN % 16 == 0, "panels of 64 columns, k16 steps");
   static_assert((kBlockN / 8) % 2 == 0 && kBlockN % 8 == 0, "8-row swizzle atoms, chunk pairs");
   // setmaxnreg moves registers inside the pool the launch gave the CTA: 64K / kThreads a thread, in 8s.
