@@ -1,7 +1,7 @@
 // The sm80 (mma.sync) backward against the fp64 reference gradient with the anchor rule (3x): the
 // standard awkward-shape list in fp16 and bf16, plus shapes specific to this kernel (many k-blocks
 // per q-block so dQ really sums over CTAs, GQA groups looped inside one CTA, d split over two CTAs
-// at head_dim 192 / 256, padded head dims, the element-wise load path); and the deterministic flag
+// at head_dim 192, one q buffer at 256, padded head dims, the element-wise load path); and the deterministic flag
 // checked bit-for-bit. Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -16,8 +16,8 @@ std::vector<Case> sm80_backward_cases() {
   std::vector<Case> out;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
     for (const Case& c : fa_test::standard_backward_cases(dt, 256)) out.push_back(c);
-    // ALiBi: the main kernels' score-mod instances, 2D (head_dim 64, 128) and 1D (the others, 192 and 256
-    // with head_dim split across 2 CTAs).
+    // ALiBi: the main kernels' score-mod instances, 2D (head_dim 64, 128, 256) and 1D (the others, 192 with
+    // head_dim split across 2 CTAs).
     for (const Case& c : fa_test::alibi_cases(dt, true)) out.push_back(c);
     for (int d : {192, 256}) {
       Case c = make_case(dt, 2, 150, 211, 4, 2, d);
@@ -39,7 +39,7 @@ std::vector<Case> sm80_backward_cases() {
     out.push_back(c);
     // Windows wider than a block over many q-blocks: a k-block's unmasked q-blocks lie between
     // masked ones on both sides (found once per CTA by binary search); GQA moves between heads.
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       c = make_case(dt, 1, 700, 700, 4, 2, d);
       c.window_left = 300, c.window_right = 200;
       out.push_back(c);
@@ -56,7 +56,7 @@ std::vector<Case> sm80_backward_cases() {
       c.causal = true, c.dropout_p = 0.7f;
       out.push_back(c);
     }
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       c = make_case(dt, 1, 700, 1000, 8, 2, d);
       c.dropout_p = 0.1f, c.dropout_seed = 99;
       out.push_back(c);
@@ -71,7 +71,7 @@ std::vector<Case> sm80_backward_cases() {
     // Unmasked problems run the last wave's tasks in pieces (bwd_launch.cu, tail_split): on an H100 these
     // 16 tasks of 44 (d128) or 24 (d64) q-block iterations run as 8 pieces each, which cross query heads
     // and end in the partial last q-block, and whose dK, dV meet in fp32 in the workspace.
-    for (int d : {64, 128}) out.push_back(make_case(dt, 1, 700, 1000, 8, 2, d));
+    for (int d : {64, 128, 256}) out.push_back(make_case(dt, 1, 700, 1000, 8, 2, d));
     c = make_case(dt, 1, 1, 1, 2, 2, 128);  // one key: dS = 0 exactly, dq, dk are rounding noise of D
     out.push_back(c);
     c = make_case(dt, 1, 40, 0, 2, 2, 64);  // no keys: dq = 0
@@ -81,12 +81,14 @@ std::vector<Case> sm80_backward_cases() {
       c.causal = d == 80;
       out.push_back(c);
     }
-    c = make_case(dt, 1, 130, 140, 2, 2, 64);  // strides not a multiple of 8: element-wise loads and stores
-    c.row_padding = 3;
-    out.push_back(c);
-    c.softcap = 20.f, c.row_padding = 0, c.seqlens_q = {0, 130, 64, 1}, c.seqlens_k = {9, 0, 300, 200};
-    c.batch = 4, c.seqlen_q = 130, c.seqlen_k = 300;  // varlen: the longest sequences
-    out.push_back(c);
+    for (int d : {64, 256}) {
+      c = make_case(dt, 1, 130, 140, 2, 2, d);  // strides not a multiple of 8: element-wise loads and stores
+      c.row_padding = 3;
+      out.push_back(c);
+      c.softcap = 20.f, c.row_padding = 0, c.seqlens_q = {0, 130, 64, 1}, c.seqlens_k = {9, 0, 300, 200};
+      c.batch = 4, c.seqlen_q = 130, c.seqlen_k = 300;  // varlen: the longest sequences
+      out.push_back(c);
+    }
   }
   return out;
 }

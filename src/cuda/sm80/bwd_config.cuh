@@ -8,7 +8,7 @@
 // block_n = 16 * warps (layout 0; layout 1 tiles every product over all the warps, see
 // bwd_kernel_2d.cuh). With split_d = 2 two CTAs share a k-block, each owning half of the head_dim
 // columns of dK, dV, dQ (they both recompute S and dP): that keeps the accumulators of
-// head_dim 192 / 256 in registers.
+// head_dim 192 in registers (head_dim 256 takes layout 1 with one q, dO buffer).
 #pragma once
 
 #include <cstdint>
@@ -67,7 +67,8 @@ constexpr BwdConfig kBwdConfigs[] = {
     {96,  64,  128, 8, 2, 1, 32, 1, 0, 16, 0, 0},  // 113 KB, 128 accumulators
     {128, 64,  128, 8, 2, 1, 0,  1, 1, 32, 1, 0},  // 161 KB, 192 accumulators, 2D warp tiles: the FA2 shape (235 vs 201 TFLOP/s)
     {192, 64,  64,  4, 2, 2, 32, 1, 0, 16, 0, 0},  // 153 KB, 128 accumulators: d split in 2 so dK, dV (96 columns) fit registers
-    {256, 32,  64,  4, 2, 2, 32, 1, 0, 16, 0, 0},  // 133 KB, 160 accumulators: block_m 32 fits 2 stages of q, dO on the A100
+    {256, 64,  64,  8, 1, 1, 0,  1, 1, 32, 1, 0},  // 145 KB, 160 accumulators, 2D warp tiles with one q, dO buffer (two
+                                                // do not fit the A100); was d split in 2, block_m 32, 4 warps
 };
 // clang-format on
 constexpr int kBwdHeadDims = sizeof(kBwdConfigs) / sizeof(kBwdConfigs[0]);
@@ -79,7 +80,7 @@ constexpr bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 // powers of two >= 16 inside 64-column chunks (compile-time ldmatrix offsets).
 constexpr bool bwd_2d_config_ok(const BwdConfig& c) {
   const int sn = c.block_n / 32, dqm = c.block_m / 32, ssn = c.s_keys > 0 ? c.block_n / c.s_keys : 0;
-  return c.split_d == 1 && c.stages == 2 && c.head_dim % 64 == 0 && c.block_n % 32 == 0 && c.block_m % 32 == 0 &&
+  return c.split_d == 1 && (c.stages == 1 || c.stages == 2) && c.head_dim % 64 == 0 && c.block_n % 32 == 0 && c.block_m % 32 == 0 &&
          c.block_m % 64 == 0 && sn > 0 && c.warps % sn == 0 && dqm > 0 && c.warps % dqm == 0 &&
          (c.s_keys == 32 || c.s_keys == 64) && c.block_n % c.s_keys == 0 && c.warps % ssn == 0 &&
          (c.dq_stages == 1 || c.dq_stages == 2) && (c.dq_late == 0 || c.dq_stages == 2) &&

@@ -103,8 +103,12 @@ struct Bwd2dTraits {
   using TileKV = SmemTile<kBlockN, kHeadDim>;  // K_j, V_j
   using TileQ = SmemTile<kBlockM, kHeadDim>;   // Q_i, dO_i
   using TileP = SmemTile<kBlockN, kBlockM>;    // P^T, dS^T
+  // Q_i, dO_i, lse_i, D_i buffers: 2, q-block i + 1 loading while i computes; 1 where two do not fit the A100
+  // (head_dim 256), q-block i + 1 then loading once every warp is past dK += dS^T Q_i, under dQ_i = dS K.
+  static constexpr int kQStages = kConfig.stages;
   static constexpr int kSmemBytes = bwd_smem_bytes(kConfig);
-  static_assert(kSmemBytes == 2 * TileKV::kBytes + 2 * 2 * TileQ::kBytes + 2 * TileP::kBytes + 2 * 2 * kBlockM * 4);
+  static_assert(kSmemBytes ==
+                2 * TileKV::kBytes + 2 * kQStages * TileQ::kBytes + 2 * TileP::kBytes + 2 * kQStages * kBlockM * 4);
   // sm_90 dQ staging tiles [block_m][head_dim] fp32 after those, in the accumulator's layout (dq_swizzle),
   // added by 64 bulk reductions (2 rows each at head_dim 64, 1 at 128): 1-3% faster than 128 one-row
   // ones (before the swizzle), 3-5% faster than 8 or 16, about 5% faster than one (dev/sm80bwd/NOTES.md).
@@ -135,13 +139,14 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + TileKV::kElements;
-  T* sQ = sV + TileKV::kElements;      // [2][block_m x head_dim]
-  T* sDo = sQ + 2 * TileQ::kElements;  // [2][block_m x head_dim]
-  T* sP = sDo + 2 * TileQ::kElements;  // P^T (block_n x block_m)
-  T* sDs = sP + TileP::kElements;      // dS^T (block_n x block_m)
-  float* sLse = reinterpret_cast<float*>(sDs + TileP::kElements);  // [2][block_m]
-  float* sD = sLse + 2 * kBlockM;                                  // [2][block_m]
-  float* sDq = sD + 2 * kBlockM;  // sm_90: [kDqStages][block_m][head_dim] dQ partials (Tr::kDqStageBytes)
+  constexpr int kQStages = Tr::kQStages;
+  T* sQ = sV + TileKV::kElements;             // [kQStages][block_m x head_dim]
+  T* sDo = sQ + kQStages * TileQ::kElements;  // [kQStages][block_m x head_dim]
+  T* sP = sDo + kQStages * TileQ::kElements;  // P^T (block_n x block_m)
+  T* sDs = sP + TileP::kElements;             // dS^T (block_n x block_m)
+  float* sLse = reinterpret_cast<float*>(sDs + TileP::kElements);  // [kQStages][block_m]
+  float* sD = sLse + kQStages * kBlockM;                           // [kQStages][block_m]
+  float* sDq = sD + kQStages * kBlockM;  // sm_90: [kDqStages][block_m][head_dim] dQ partials (Tr::kDqStageBytes)
 
   const BwdTask task = bwd_task(p);
   const int n_block = task.n_block, head_kv = task.head_kv, b = task.b;
@@ -247,7 +252,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   const WarpCursor<kBlockN, kBlockM> cur_ds_at(smem_addr(sDs), lane % 8 + 8 * (lane / 16), (lane / 8) % 2, dq_m0);
   const WarpCursor<kBlockN, kHeadDim> cur_k_bt(smem_addr(sK), 8 * ((lane / 8) % 2) + lane % 8, lane / 16, dq_d0);
   // Offsets from Q to dO, from P^T to dS^T (same tile shapes, same lane patterns).
-  constexpr uint32_t kDoOff = 2 * TileQ::kBytes, kDsOff = TileP::kBytes, kVOff = TileKV::kBytes;
+  constexpr uint32_t kDoOff = kQStages * TileQ::kBytes, kDsOff = TileP::kBytes, kVOff = TileKV::kBytes;
   static_assert(kVOff % 128 == 0 && kDoOff % 128 == 0 && kDsOff % 128 == 0 && TileQ::kBytes % 128 == 0);
 
   // Bulk dQ path: iteration it stages its dQ in sDq; iteration it + 1 (after its first barrier) or the
@@ -261,7 +266,7 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
   };
 
   for (int it = 0; it < num_iters; ++it) {
-    const int buf = it & 1;
+    const int buf = kQStages == 2 ? it & 1 : 0;
     cp_async_wait<0>();
     __syncthreads();  // tile `it` landed; every warp is done with iteration it - 1 (its buffers, P^T, dS^T, sDq)
     if constexpr (!Tr::kDqIssueLate) issue_pending_dq();
@@ -269,8 +274,10 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     const int h_next = next_head ? h + 1 : h, m_next = next_head ? i_begin : m_block + 1;
     if (next_head) tile_offsets(h_next, m_next);
     else q_off += int64_t(kBlockM) * p.q_row_stride, do_off += int64_t(kBlockM) * p.do_row_stride;
-    if (it + 1 < num_iters) load_q_block(h_next, m_next, buf ^ 1);
-    cp_async_commit();
+    if constexpr (kQStages == 2) {
+      if (it + 1 < num_iters) load_q_block(h_next, m_next, buf ^ 1);
+      cp_async_commit();
+    }
 
     const int m0 = m_block * kBlockM;
     const uint32_t q_buf = buf * TileQ::kBytes;  // + the Q / dO cursors: this iteration's tiles
@@ -409,6 +416,11 @@ __global__ void __launch_bounds__(Bwd2dTraits<T, kHeadDim>::kThreads, Bwd2dTrait
     };
     gemm_kv(acc_dv, 0, q_buf + kDoOff);
     gemm_kv(acc_dk, kDsOff, q_buf);
+    if constexpr (kQStages == 1) {  // one buffer: the next q-block loads once every warp is done with this one's
+      __syncthreads();
+      if (it + 1 < num_iters) load_q_block(h_next, m_next, 0);
+      cp_async_commit();
+    }
 
     // dQ_i += dS K_j on the warp's 32 query rows x kDqCols head_dim columns.
     float acc_dq[2][2 * kDqNp][4];
