@@ -10,26 +10,12 @@
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dropout-check}
-CTRL_SRC=${CTRL_SRC:-.ctrl}
-mkdir -p "$OUT"
+CTRL_HEAD_DIMS='64;128'
 t0=$SECONDS
-nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/device.txt"
-echo "ctrl: $CTRL_SRC at $(cat "$CTRL_SRC/REV" 2>/dev/null || echo 'an unrecorded commit')" | tee -a "$OUT/device.txt"
-(cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_TESTS=ON -DFLASHATTN_BENCH=OFF \
-   >"$OUT/cmake-new.log" 2>&1 && cmake --build build -j 12 --target flashattn flashattn_cuda_tests >"$OUT/build-new.log" 2>&1
- echo "new build rc=$?") &
-(cmake -S "$CTRL_SRC" -B build-ctrl -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_CUDA_HEAD_DIMS='64;128' \
-   -DFLASHATTN_TESTS=OFF -DFLASHATTN_BENCH=OFF >"$OUT/cmake-ctrl.log" 2>&1 &&
-   cmake --build build-ctrl -j 4 --target flashattn >"$OUT/build-ctrl.log" 2>&1
- echo "ctrl build rc=$?") &
-wait
-echo "builds: $((SECONDS - t0)) s"
-[ -f build/tests/flashattn_cuda_tests ] || { tail -n 40 "$OUT/build-new.log"; exit 1; }
+. dev/build_new_ctrl.sh
+build_new_and_ctrl || exit 1
 grep -h "spill" "$OUT/build-new.log" | grep -i "sm90\|Lb1E" | sort | uniq | head -20 >"$OUT/spills.txt"
-timeout "${TEST_TIMEOUT:-300}" build/tests/flashattn_cuda_tests --gtest_filter="${TESTS:-*ropout*:*oftcap*}" \
-  >"$OUT/tests.log" 2>&1
-echo "tests rc=$? ($((SECONDS - t0)) s): $(grep -c '^\[       OK \]' "$OUT/tests.log") passed"
-grep -E "^\[  FAILED  \]|PASSED|tests ran" "$OUT/tests.log" | head -30
+run_gpu_tests "${TESTS:-*ropout*:*oftcap*}" "${TEST_TIMEOUT:-300}"
 [ "${AB:-1}" = 1 ] || exit 0
 lib=build/libflashattn.so
 ab() { timeout "${AB_TIMEOUT:-120}" python3 "$@" 2>&1 | grep --line-buffered -v -i warn; }

@@ -1,0 +1,28 @@
+# Sourced by the one-run device scripts (dev/sm90/dropout_check.sh, dev/sm80bwd/hdim256_check.sh), from the
+# repository root with OUT set: prints the device and the control's commit, then builds side by side the working
+# tree with its GPU tests (build/) and the control's library (the sources in CTRL_SRC, default .ctrl: `git
+# archive` of the commit compared with, unpacked, its commit in .ctrl/REV; build-ctrl/, head dims
+# CTRL_HEAD_DIMS). Returns 1 when the tests did not build.
+CTRL_SRC=${CTRL_SRC:-.ctrl}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/device.txt"
+echo "ctrl: $CTRL_SRC at $(cat "$CTRL_SRC/REV" 2>/dev/null || echo 'an unrecorded commit')" | tee -a "$OUT/device.txt"
+build_new_and_ctrl() {
+  local t0=$SECONDS
+  (cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_TESTS=ON -DFLASHATTN_BENCH=OFF \
+     >"$OUT/cmake-new.log" 2>&1 && cmake --build build -j 12 --target flashattn flashattn_cuda_tests >"$OUT/build-new.log" 2>&1
+   echo "new build rc=$?") &
+  (cmake -S "$CTRL_SRC" -B build-ctrl -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+     -DFLASHATTN_CUDA_HEAD_DIMS="$CTRL_HEAD_DIMS" -DFLASHATTN_TESTS=OFF -DFLASHATTN_BENCH=OFF >"$OUT/cmake-ctrl.log" 2>&1 &&
+     cmake --build build-ctrl -j 4 --target flashattn >"$OUT/build-ctrl.log" 2>&1
+   echo "ctrl build rc=$?") &
+  wait
+  echo "builds: $((SECONDS - t0)) s"
+  [ -f build/tests/flashattn_cuda_tests ] || { tail -n 40 "$OUT/build-new.log"; return 1; }
+}
+# The GPU tests of a gtest filter under a timeout (s), logged to $OUT/tests.log, with a summary.
+run_gpu_tests() {  # filter timeout
+  timeout "$2" build/tests/flashattn_cuda_tests --gtest_filter="$1" >"$OUT/tests.log" 2>&1
+  echo "tests rc=$?: $(grep -c '^\[       OK \]' "$OUT/tests.log") passed"
+  grep -E "^\[  FAILED  \]|PASSED|tests ran" "$OUT/tests.log" | head -30
+}
