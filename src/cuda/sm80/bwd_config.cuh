@@ -154,6 +154,14 @@ constexpr int kSm90BwdPersistentIters = FLASHATTN_SM90_BWD_PERSISTENT;
 constexpr int64_t kSm90BwdGroupRows = FLASHATTN_SM90_BWD_GROUP_ROWS;
 constexpr int kSm90BwdGroupMinBlocks = 8;
 
+// The Hopper kernel head_dim for head_dim: 64 for 33..64, 128 for 65..128 (zero-padded inside the kernel; 0: none).
+// Head_dim 65..96 pads to 128 rather than run the sm80 kernel of 96: that read 188 TFLOP/s at 96 (H200, bf16,
+// 16k tokens) against 570 for the Hopper kernel at 128, which pays 4 / 3 the work at 96. Up to 32 the sm80
+// kernel of 32 stays (padding to 64 doubles the work and dQ's accumulator).
+constexpr int sm90_bwd_kernel_head_dim(int head_dim) {
+  return head_dim <= 32 ? 0 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 0;
+}
+
 // The Hopper kernel's configuration for this kernel head_dim, block_m 0 when it has none.
 constexpr Sm90BwdConfig sm90_bwd_config(int kernel_head_dim) {
   for (const Sm90BwdConfig& c : kSm90BwdConfigs)

@@ -88,7 +88,7 @@ struct BwdWorkspace {
 // hopper: the layout for the sm90 main kernel (its block_m, no d split).
 BwdWorkspace workspace_layout(const fa_params& p, bool hopper, int num_sms) {
   BwdWorkspace w;
-  w.kernel_head_dim = bwd_kernel_head_dim(p.head_dim);
+  w.kernel_head_dim = hopper ? sm90_bwd_kernel_head_dim(p.head_dim) : bwd_kernel_head_dim(p.head_dim);
   if (w.kernel_head_dim == 0 || p.batch <= 0) return w;
   const BwdConfig c = bwd_config(w.kernel_head_dim);
   const int block_m = hopper ? sm90_bwd_config(w.kernel_head_dim).block_m : c.block_m, split_d = hopper ? 1 : c.split_d;
@@ -131,7 +131,7 @@ sm80::RunBwd lookup(const sm80::BwdKernels (&table)[N], int kernel_head_dim, fa_
 
 // The instantiation of this family for p's (dtype, kernel head_dim), null when not built.
 sm80::RunBwd find_bwd(const fa_params& p, bool hopper) {
-  const int kernel_head_dim = sm80::bwd_kernel_head_dim(p.head_dim);
+  const int kernel_head_dim = hopper ? sm80::sm90_bwd_kernel_head_dim(p.head_dim) : sm80::bwd_kernel_head_dim(p.head_dim);
   if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16) return nullptr;
   return hopper ? lookup(sm80::kSm90BwdKernels, kernel_head_dim, p.dtype)
                 : lookup(sm80::kBwdKernels, kernel_head_dim, p.dtype);
@@ -143,11 +143,10 @@ Status backward(const fa_params& p, bool hopper) {
   if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16)
     return unsupported("%s backward supports fp16 and bf16 (got %s)", name, fa_dtype_name(p.dtype));
   const BwdWorkspace w = workspace_layout(p, hopper);
+  if (w.kernel_head_dim == 0 && hopper)
+    return unsupported("flashattn-sm90 backward: head_dim %d: it takes 33..128 (flashattn-sm80 1..256)", p.head_dim);
   if (w.kernel_head_dim == 0) return unsupported("%s backward: head_dim %d exceeds 256", name, p.head_dim);
   const RunBwd run = find_bwd(p, hopper);
-  if (!run && hopper)
-    return unsupported("flashattn-sm90 backward: no kernel for head_dim %d (kernel %d; it has 33..64 and 97..128)",
-                       p.head_dim, w.kernel_head_dim);
   if (!run)
     return unsupported("%s backward: head_dim %d (kernel %d) was not built (FLASHATTN_CUDA_HEAD_DIMS)", name,
                        p.head_dim, w.kernel_head_dim);
