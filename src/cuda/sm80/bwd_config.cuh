@@ -168,6 +168,11 @@ constexpr Sm90BwdConfig sm90_bwd_config(int kernel_head_dim) {
     if (c.head_dim == kernel_head_dim) return c;
   return {kernel_head_dim, 0, 0, 0};
 }
+static_assert(sm90_bwd_kernel_head_dim(32) == 0 && sm90_bwd_kernel_head_dim(33) == 64 &&
+                  sm90_bwd_kernel_head_dim(65) == 128 && sm90_bwd_kernel_head_dim(128) == 128 &&
+                  sm90_bwd_kernel_head_dim(129) == 0 && sm90_bwd_config(64).block_m > 0 &&
+                  sm90_bwd_config(128).block_m > 0,
+              "every Hopper kernel head_dim has its configuration");
 
 // What the three backward kernels read. Strides are in elements, 64-bit.
 struct BwdParams {
