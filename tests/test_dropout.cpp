@@ -221,8 +221,10 @@ TEST(Dropout, InvalidProbabilityOrImplementationIsAnErrorNamingIt) {
     if (impl == FA_IMPL_CUDA_SM90) pr.p.dtype = FA_FLOAT16, pr.p.alibi_slopes = slopes;
     EXPECT_EQ(fa_forward(&pr.p, impl), FA_ERROR_UNSUPPORTED) << fa_impl_name(impl);
     EXPECT_NE(std::string(fa_last_error()).find("dropout_p"), std::string::npos) << fa_last_error();
-    if (impl == FA_IMPL_CUDA_SM90)
-      EXPECT_NE(std::string(fa_last_error()).find("alibi_slopes"), std::string::npos) << fa_last_error();
+    if (impl != FA_IMPL_CUDA_SM90) continue;
+    EXPECT_NE(std::string(fa_last_error()).find("alibi_slopes"), std::string::npos) << fa_last_error();
+    EXPECT_EQ(fa_backward(&pr.p, impl), FA_ERROR_UNSUPPORTED);  // (its backward does not take ALiBi at all)
+    EXPECT_NE(std::string(fa_last_error()).find("alibi_slopes"), std::string::npos) << fa_last_error();
   }
   Problem pr(0.1f);  // AUTO on host memory: the CPU FA2
   EXPECT_EQ(fa_forward(&pr.p, FA_IMPL_AUTO), FA_OK) << fa_last_error();
