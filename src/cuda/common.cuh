@@ -78,7 +78,7 @@ inline Status device_info(DeviceInfo* info) {
 constexpr float kMaxSlack = 8.f;
 
 // The softcap's tanh in the GPU kernels (s = softcap * tanh(s * scale / softcap), and 1 - tanh^2 in the
-// backward's dS): the SFU's tanh.approx.f32, one instruction where tanhf is about 20 with a branch; the
+// backward's dS): the SFU's tanh.approx.f32, one instruction in place of tanhf's libdevice sequence; the
 // forward's lse and the backward's P use the same one. Its relative error, about 2^-11 (PTX ISA), moves a
 // score of softcap * tanh by about softcap * 2^-11 at most; FlashAttention 2 and 3 take it too. Dev switch:
 // FLASHATTN_FAST_TANH=0 builds tanhf.

@@ -33,7 +33,7 @@ std::vector<Case> sm80_forward_cases() {
     Case a = fa_test::varlen(fa_test::make_case(dt, 1, 1, 1, 4, 4, 96), {200, 17, 0, 130}, {180, 300, 40, 1});
     a.alibi = 1, a.alibi_max_slope = 1.f, a.softcap = 5.f, a.window_left = 100, a.window_right = 20;
     out.push_back(a);
-    // Dropout (the table's tiles at any number of rows, kAlibiDropout): the shared cases, then several q-
+    // Dropout (the table's tiles at any number of rows, FwdVariant::kDropout): the shared cases, then several q-
     // and k-blocks at every kernel head dim, forced splits, a decode step with GQA (not the GQA decode
     // view, whose rows are heads).
     for (const Case& c : fa_test::dropout_cases(dt)) out.push_back(c);

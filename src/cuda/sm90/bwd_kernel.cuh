@@ -411,9 +411,9 @@ __device__ __forceinline__ void store_dk_dv_tma(const sm80::BwdParams& p, const 
     const float sc = p.softmax_scale;
     stmatrix_x4(cur_k.at(0, 16 * kk), sm80::pack2<T>(k8[0] * sc, k8[1] * sc), sm80::pack2<T>(k8[2] * sc, k8[3] * sc),
                 sm80::pack2<T>(k8[4] * sc, k8[5] * sc), sm80::pack2<T>(k8[6] * sc, k8[7] * sc));
-    const float dvs = dv_scale;
-    stmatrix_x4(cur_v.at(0, 16 * kk), sm80::pack2<T>(v8[0] * dvs, v8[1] * dvs), sm80::pack2<T>(v8[2] * dvs, v8[3] * dvs),
-                sm80::pack2<T>(v8[4] * dvs, v8[5] * dvs), sm80::pack2<T>(v8[6] * dvs, v8[7] * dvs));
+    const float vs = dv_scale;
+    stmatrix_x4(cur_v.at(0, 16 * kk), sm80::pack2<T>(v8[0] * vs, v8[1] * vs), sm80::pack2<T>(v8[2] * vs, v8[3] * vs),
+                sm80::pack2<T>(v8[4] * vs, v8[5] * vs), sm80::pack2<T>(v8[6] * vs, v8[7] * vs));
   }
   sm80::fence_proxy_async_shared();  // written by the generic proxy, read by the TMA
   ConsumerSync::sync();
