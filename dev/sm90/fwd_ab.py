@@ -80,11 +80,21 @@ for shape in shapes:
         calls["cudnn"] = cudnn_bwd
     elif "cudnn" in names:
         calls["cudnn"] = lambda: gb.torch_fwd(gb.SDPBackend.CUDNN_ATTENTION, q, k, v, bool(causal))
+    timed = list(names)
+    if "cudnn" in calls:  # a shape cuDNN does not take (e.g. its head dims) leaves its column empty
+        try:
+            with torch.enable_grad() if BWD else torch.no_grad():
+                calls["cudnn"]()
+        except RuntimeError:
+            timed.remove("cudnn")
     times = {n: [] for n in names}
     for r in range(ROUNDS):
-        for n in names if r % 2 == 0 else names[::-1]:
+        for n in timed if r % 2 == 0 else timed[::-1]:
             with torch.enable_grad() if BWD and n == "cudnn" else torch.no_grad():
                 times[n].append(median_ms(calls[n], n=N, before=flush))
+    for n in names:
+        if not times[n]:
+            times[n] = [float("nan")] * ROUNDS
     fl = gb.flops(b, heads, s, s, d, bool(causal), BWD)
     if wl >= 0 or wr >= 0:  # the keys each row sees: [i - wl, i + wr] (and <= i with causal), within [0, s)
         right = [min(s - 1, i + (0 if causal else wr if wr >= 0 else s)) for i in range(s)]

@@ -1,5 +1,5 @@
 // The Hopper (TMA + wgmma) forward against the fp64 reference with the anchor rule: the standard
-// awkward-shape list in fp16 and bf16 for head dims 64, 128 and 256, plus shapes long enough that
+// awkward-shape list in fp16 and bf16 for the head dims it takes (multiples of 8 up to 256), plus shapes long enough that
 // every CTA of the persistent grid runs several tiles through the k/v ring (causal, windowed,
 // softcapped, GQA, varlen with empty sequences, ALiBi) and causal ones long enough for the configurations
 // of many query rows (launch_template.cuh). Skips without an sm_90 GPU.
@@ -14,6 +14,7 @@
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/sm90/fwd_config.hpp"
 #include "support/harness.hpp"
 
 namespace {
@@ -27,13 +28,17 @@ std::vector<Case> sm90_forward_cases() {
     return c;
   };
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
-    // The kernel takes head dims 64, 128, 256 and 16-byte strides (TMA); the rest goes to sm80.
+    // The kernel takes head dims that are multiples of 8 up to 256 (on its kernels of 64, 128, 256, zero-padded
+    // between them) and 16-byte strides (TMA); the rest goes to sm80.
+    auto takes = [](const Case& c) { return flashattn::cuda::sm90::fwd_kernel_head_dim(c.head_dim) != 0; };
     for (const Case& c : fa_test::standard_forward_cases(dt, 256))
-      if ((c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256) && c.row_padding % 8 == 0) out.push_back(c);
+      if (takes(c) && c.row_padding % 8 == 0) out.push_back(c);
     // The shared dropout cases it takes (not with ALiBi: those go to sm80).
     for (const Case& c : fa_test::dropout_cases(dt))
-      if ((c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256) && c.alibi == 0) out.push_back(c);
-    for (int d : {64, 128, 256}) {
+      if (takes(c) && c.alibi == 0) out.push_back(c);
+    // The kernels' head dims, and padded ones: 40 on the kernel of 64, 96 on 128, 192 on 256 (a panel of 64
+    // columns wholly past head_dim).
+    for (int d : {40, 64, 96, 128, 192, 256}) {
       Case c;
       c.dtype = dt, c.head_dim = d, c.batch = 2, c.seqlen_q = 1000, c.seqlen_k = 1100, c.num_heads = 8;
       c.num_heads_kv = 2;
@@ -305,6 +310,9 @@ TEST(Sm90Forward, LastRoundSplitMatchesReference) {
     c = fa_test::make_case(dt, 1, 4100, 4500, heads_leaving(sms, 33, false, 2), 1, 128);  // a partial m-block
     c.softmax_scale = 0.5f;
     cases.push_back(c);
+    // Head_dim 96 and 80 on these kernels (zero-padded to 128): the merge's stores of 96 or 80 columns.
+    cases.push_back(fa_test::make_case(dt, 1, 100, 2500, sms + 1, sms + 1, 96));
+    cases.push_back(fa_test::make_case(dt, 1, 4200, 4999, heads_leaving(sms, 33, true, 1), 1, 80));
   }
   for (const Case& c : cases) {
     fa_params p;

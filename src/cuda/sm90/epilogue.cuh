@@ -8,6 +8,8 @@
 //                      stores);
 //   store_tile_staged: O through shared memory (the tile's own q buffer, whose rows the
 //                      warpgroup has finished reading), then a TMA store (or 16-byte stores).
+// Columns past FwdParams::head_dim (a zero-padded head dim: fwd_kernel_head_dim) are not stored: a panel's TMA
+// store is skipped past them and clips within them, the register and 16-byte stores are guarded.
 // Each takes the rows' 1 / row_sum from its caller (inverse_row_sums): the kernels Traits::kInverseEarly
 // names compute them while the tile's last O += P v runs.
 #pragma once
@@ -62,7 +64,7 @@ __device__ __forceinline__ void store_tile(const float (&o)[T::kHeadDim / 2], co
                                                 int64_t(tile.head) * p.o_head_stride + 2 * (lane % 4));
 #pragma unroll
     for (int n = 0; n < T::kHeadDim / 8; ++n)
-      out[4 * n] = pack2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i], T::kBf16);
+      if (8 * n < p.head_dim) out[4 * n] = pack2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i], T::kBf16);
   }
   store_lse<T>(row_max, row_sum, p, tile, row0);
 }
@@ -128,7 +130,8 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
       if (lane == 0) {
 #pragma unroll
         for (int c = 0; c < T::kSlabCols / 64; ++c)
-          tma_store_4d(map_o, slab_ptr + c * kPanelBytes, pass * T::kSlabCols + 64 * c, row_w, tile.head, tile.batch);
+          if (pass * T::kSlabCols + 64 * c < p.head_dim)
+            tma_store_4d(map_o, slab_ptr + c * kPanelBytes, pass * T::kSlabCols + 64 * c, row_w, tile.head, tile.batch);
         bulk_commit_group();
       }
       SM90_TRACE(p, consumer_wg, trace_count, pass == 0 ? 10 : 12);
@@ -137,7 +140,8 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
       for (int it = 0; it < 16 / kRowsPerStore; ++it) {
         const int r = it * kRowsPerStore + lane / kChunks, c = lane % kChunks;
         const uint4 v = ld_shared_v4(chunk_addr(r, c));
-        if (row_in_sequence(tile, row_w + r)) st_global_v4(out + r * p.o_row_stride + pass * T::kSlabCols + 8 * c, v);
+        const int col = pass * T::kSlabCols + 8 * c;
+        if (row_in_sequence(tile, row_w + r) && col < p.head_dim) st_global_v4(out + r * p.o_row_stride + col, v);
       }
     }
   }
@@ -255,8 +259,9 @@ __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim /
     if (thread == 0) {
 #pragma unroll
       for (int c = 0; c < T::kPanels; ++c)
-        tma_store_4d(map_o, q_tile + c * T::kQPanelBytes + consumer_wg * 64 * 128, 64 * c, row_wg, tile.head,
-                     tile.batch);
+        if (64 * c < p.head_dim)
+          tma_store_4d(map_o, q_tile + c * T::kQPanelBytes + consumer_wg * 64 * 128, 64 * c, row_wg, tile.head,
+                       tile.batch);
       bulk_commit_group();
     }
   } else {
@@ -267,7 +272,7 @@ __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim /
     for (int it = 0; it < 64 * kChunks / 128; ++it) {
       const int idx = it * 128 + thread, r = idx / kChunks, c = idx % kChunks;
       const uint4 v = ld_shared_v4(chunk_addr(r, c));
-      if (row_in_sequence(tile, row_wg + r)) st_global_v4(out + r * p.o_row_stride + 8 * c, v);
+      if (row_in_sequence(tile, row_wg + r) && 8 * c < p.head_dim) st_global_v4(out + r * p.o_row_stride + 8 * c, v);
     }
     SM90_TRACE(p, consumer_wg, trace_count, 10);
     fence_proxy_async_shared();  // the reads above before the TMA write that refills the buffer

@@ -110,6 +110,19 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
   return {};  // past the last: head_dim 0
 }
 
+// The kernel head dim of a head_dim: the least of 64, 128, 256 at or above it, 0 past 256 or where the head_dim
+// is not a multiple of 8 (the epilogue's 16-byte stores of O then guard whole chunks). Below the kernel's
+// columns q, k and v are zero-padded (TMA fills the columns past the tensor map's head_dim with zeros: the
+// scores and O are those of head_dim) and O's stores are clipped to head_dim (the tensor map's, and the
+// register and 16-byte stores' column guard, FwdParams::head_dim).
+constexpr int fwd_kernel_head_dim(int head_dim) {
+  if (head_dim <= 0 || head_dim % 8 != 0) return 0;
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 256 ? 256 : 0;
+}
+static_assert(fwd_kernel_head_dim(8) == 64 && fwd_kernel_head_dim(64) == 64 && fwd_kernel_head_dim(72) == 128 &&
+              fwd_kernel_head_dim(96) == 128 && fwd_kernel_head_dim(136) == 256 && fwd_kernel_head_dim(256) == 256 &&
+              fwd_kernel_head_dim(264) == 0 && fwd_kernel_head_dim(100) == 0);
+
 // The mask of p's sequences (with varlen: of the longest).
 inline Mask mask_of(const fa_params& p) {
   return Mask(p.seqlen_q, p.seqlen_k, p.causal, p.window_left, p.window_right);
@@ -162,7 +175,7 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
   return three < serial ? FwdKernel::kHdim64ThreeWarpgroups : FwdKernel::kHdim64Serial;
 }
 
-// The kernel per problem (head_dim 64, 128, 256), from the side-by-side timings of docs/sm90.md (H100, bf16
+// The kernel per problem (kernel head_dim 64, 128, 256: fwd_kernel_head_dim), from the side-by-side timings of docs/sm90.md (H100, bf16
 // sweep): a larger block_n pays where a tile has many key blocks, a smaller one where the
 // per-tile prologue and epilogue weigh (short sequences) or, for causal, where tiles are short.
 //   head_dim 64:  3 consumer warpgroups (block_m 192) with block_n 128 and the rescale after the
@@ -203,15 +216,16 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //                 16k: step 50); block_n 80 (no room left for the slab) non-causal past 8k keys: +3% at
 //                 16k, even at 8k, 2-8% slower below.
 inline FwdKernel fwd_kernel(const fa_params& p) {
+  const int head_dim = fwd_kernel_head_dim(p.head_dim);
   // ALiBi: one kernel a head dim, the full softmax (not the optimistic one: the bias moves the rows' maxima
   // with the keys) on the tiles of its plain kernels without a mask (head_dim 128: the short-key kernel's).
   if (p.alibi_slopes)
-    return p.head_dim == 64 ? FwdKernel::kHdim64Alibi : p.head_dim == 128 ? FwdKernel::kHdim128Alibi : FwdKernel::kHdim256Alibi;
+    return head_dim == 64 ? FwdKernel::kHdim64Alibi : head_dim == 128 ? FwdKernel::kHdim128Alibi : FwdKernel::kHdim256Alibi;
   // Dropout (not with ALiBi: sm90_supports): likewise, the full softmax, tiles from row 0 (no causal row shift:
   // dropout's 16 x 16 tiles, common/dropout.hpp, then fall whole in a warp's rows).
   if (p.dropout_p > 0.f)
-    return p.head_dim == 64 ? FwdKernel::kHdim64Dropout : p.head_dim == 128 ? FwdKernel::kHdim128Dropout : FwdKernel::kHdim256Dropout;
-  if (p.head_dim == 64) {
+    return head_dim == 64 ? FwdKernel::kHdim64Dropout : head_dim == 128 ? FwdKernel::kHdim128Dropout : FwdKernel::kHdim256Dropout;
+  if (head_dim == 64) {
     if (p.seqlen_q <= 128) return FwdKernel::kHdim64TwoWarpgroups;
     const Mask mask = mask_of(p);
     // Causal: the model's pick only among short keys (or a window's left edge below 8k rows).
@@ -220,7 +234,7 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
         three ? FwdKernel::kHdim64ThreeWarpgroups : hdim64_causal_kernel(mask, tiles_end_aligned(p));
     return for_mask(kernel, mask);
   }
-  if (p.head_dim == 128) {
+  if (head_dim == 128) {
     const Mask mask = mask_of(p);
     // Causal past 8k keys (no left edge): block_n 144, the optimistic softmax with the key blocks ascending.
     if (p.causal && mask.left < 0 && p.seqlen_k > 8192) return FwdKernel::kHdim128LongCausal;

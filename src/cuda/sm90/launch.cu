@@ -8,6 +8,7 @@
 #include "common/layout.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/sm90/fwd_config.hpp"
 #include "cuda/sm90/launch.hpp"
 
 namespace flashattn::cuda {
@@ -67,13 +68,14 @@ bool sm90_forward_fills_gpu(const fa_params& p) {
 
 namespace {
 
-// Calls f(std::integral_constant<int, head_dim>{}, std::bool_constant<bf16>{}) for the instantiation
-// of p's head dim and dtype; none() where that head dim is not built (FLASHATTN_CUDA_HEAD_DIMS).
+// Calls f(std::integral_constant<int, kernel head_dim>{}, std::bool_constant<bf16>{}) for the instantiation
+// of p's kernel head dim (sm90::fwd_kernel_head_dim) and dtype; none() where there is none or it is not built
+// (FLASHATTN_CUDA_HEAD_DIMS).
 template <class F, class None>
 auto with_instance(const fa_params& p, F&& f, None&& none) {
   const bool bf16 = p.dtype == FA_BFLOAT16;
   auto call = [&](auto d) { return bf16 ? f(d, std::true_type{}) : f(d, std::false_type{}); };
-  switch (p.head_dim) {
+  switch (sm90::fwd_kernel_head_dim(p.head_dim)) {
 #if FLASHATTN_HDIM_64
     case 64: return call(std::integral_constant<int, 64>{});
 #endif
@@ -126,7 +128,7 @@ size_t sm90_forward_workspace(const fa_params& p) {
 Status sm90_forward(const fa_params& p) {
   if (!sm90_supports(p))
     return unsupported("impl flashattn-sm90 does not take this problem (dtype %s, head_dim %d; it needs fp16 or "
-                       "bf16, head_dim 64, 128 or 256, 16-byte aligned pointers and strides, softmax_scale >= 0 unless "
+                       "bf16, head_dim a multiple of 8 up to 256, 16-byte aligned pointers and strides, softmax_scale >= 0 unless "
                        "softcap, fewer than 2^31 rows, not both dropout and ALiBi)",
                        fa_dtype_name(p.dtype), p.head_dim);
   return with_instance(

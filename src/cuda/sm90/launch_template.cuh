@@ -119,20 +119,22 @@ Status launch(const fa_params& p) {
   const int64_t rows_k = varlen ? p.total_k : p.seqlen_k;
   if (p.batch == 0 || rows_q == 0 || p.seqlen_q == 0) return {};
 
+  // The maps have p.head_dim columns: below the kernel's kHeadDim, TMA's loads fill the columns past them with
+  // zeros and its stores leave them out (fwd_kernel_head_dim, fwd_config.hpp).
   CUtensorMap map_q, map_k, map_v, map_o;
   const int32_t batch_dim = varlen ? 1 : p.batch;
-  FA_RETURN_IF_ERROR(make_tensor_map(&map_q, p.q, kBf16, kHeadDim, rows_q, p.num_heads, batch_dim, p.q_row_stride,
+  FA_RETURN_IF_ERROR(make_tensor_map(&map_q, p.q, kBf16, p.head_dim, rows_q, p.num_heads, batch_dim, p.q_row_stride,
                                      p.q_head_stride, p.q_batch_stride, T::kBlockM));
   // O by TMA stores of 64 rows (a consumer warpgroup's, staged epilogue) or 16 (a warp's slab),
   // fixed-length batches only (epilogue.cuh).
-  FA_RETURN_IF_ERROR(make_tensor_map(&map_o, p.o, kBf16, kHeadDim, rows_q, p.num_heads, batch_dim, p.o_row_stride,
+  FA_RETURN_IF_ERROR(make_tensor_map(&map_o, p.o, kBf16, p.head_dim, rows_q, p.num_heads, batch_dim, p.o_row_stride,
                                      p.o_head_stride, p.o_batch_stride, T::kStagedEpilogue ? 64 : 16));
   // With no keys the maps are never read; they still need a valid address and extent.
   const void* k_ptr = rows_k > 0 ? p.k : p.q;
   const void* v_ptr = rows_k > 0 ? p.v : p.q;
-  FA_RETURN_IF_ERROR(make_tensor_map(&map_k, k_ptr, kBf16, kHeadDim, rows_k, p.num_heads_kv, batch_dim, p.k_row_stride,
+  FA_RETURN_IF_ERROR(make_tensor_map(&map_k, k_ptr, kBf16, p.head_dim, rows_k, p.num_heads_kv, batch_dim, p.k_row_stride,
                                      p.k_head_stride, p.k_batch_stride, T::kBlockN));
-  FA_RETURN_IF_ERROR(make_tensor_map(&map_v, v_ptr, kBf16, kHeadDim, rows_k, p.num_heads_kv, batch_dim, p.v_row_stride,
+  FA_RETURN_IF_ERROR(make_tensor_map(&map_v, v_ptr, kBf16, p.head_dim, rows_k, p.num_heads_kv, batch_dim, p.v_row_stride,
                                      p.v_head_stride, p.v_batch_stride, T::kBlockN));
 
   FwdParams fp{};
@@ -140,6 +142,7 @@ Status launch(const fa_params& p) {
   fp.o_batch_stride = p.o_batch_stride;
   fp.o_row_stride = p.o_row_stride;
   fp.o_head_stride = p.o_head_stride;
+  fp.head_dim = p.head_dim;
   fp.lse = p.lse;
   fp.cu_seqlens_q = p.cu_seqlens_q;
   fp.cu_seqlens_k = p.cu_seqlens_k;
@@ -150,7 +153,7 @@ Status launch(const fa_params& p) {
   fp.seqlen_k = p.seqlen_k;
   fp.total_q = p.total_q;
   constexpr float kLog2e = 1.4426950408889634f;
-  const float scale = p.softmax_scale != 0.f ? p.softmax_scale : 1.f / std::sqrt(float(kHeadDim));
+  const float scale = p.softmax_scale != 0.f ? p.softmax_scale : 1.f / std::sqrt(float(p.head_dim));
   fp.has_softcap = p.softcap > 0.f;
   fp.score_scale_log2 = fp.has_softcap ? kLog2e : scale * kLog2e;
   fp.softcap_pre = fp.has_softcap ? scale / p.softcap : 0.f;
@@ -199,7 +202,7 @@ Status launch(const fa_params& p) {
   int64_t grid = even_rounds ? even_rounds_grid(fp.num_tasks, dev.num_sms)
                              : std::min<int64_t>(fp.num_tasks, dev.num_sms);
   // k and v of one (batch, head): seqlen_k * head_dim * 2 tensors * 2 bytes. Half of L2 for them.
-  const int64_t kv_bytes = std::max<int64_t>(1, int64_t(p.seqlen_k) * kHeadDim * 4);
+  const int64_t kv_bytes = std::max<int64_t>(1, int64_t(p.seqlen_k) * p.head_dim * 4);
   const int64_t l2_heads = std::clamp<int64_t>(dev.l2_bytes / 2 / kv_bytes, 1, num_bh);
   fp.heads_per_section = int32_t(l2_heads);
   // Snake order: measured up to 16% faster causal at head_dim 128 and 256 (seqlen 1k-8k), but

@@ -165,6 +165,7 @@ namespace flashattn::cuda::sm90 {
 struct FwdParams {
   void* o;  // (batch, seqlen_q, num_heads, head_dim), or varlen (total_q, num_heads, head_dim)
   int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int32_t head_dim;  // o's columns: kHeadDim, or fewer (a multiple of 8; zero-padded: fwd_kernel_head_dim)
   float* lse;  // (batch, num_heads, seqlen_q) or varlen (num_heads, total_q); nullptr: not written
   const int32_t* cu_seqlens_q;  // nullptr unless varlen
   const int32_t* cu_seqlens_k;
