@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "cuda/sm90/fwd_config.hpp"
 
@@ -128,14 +129,31 @@ TEST(Sm90FwdConfig, EveryChoiceIsOfTheProblemsHeadDim) {
   for (int k = 0; k < int(kLastFwdKernel); ++k)
     EXPECT_LE(fwd_config(FwdKernel(k)).head_dim, fwd_config(FwdKernel(k + 1)).head_dim) << "kernel " << k;
   EXPECT_EQ(fwd_config(FwdKernel(int(kLastFwdKernel) + 1)).head_dim, 0);
-  for (int d : {64, 128, 256})
+  // A head_dim between the kernels' runs the next one's kernels, zero-padded (fwd_kernel_head_dim).
+  for (auto [d, kernel_d] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{256, 256}, std::pair{8, 64},
+                             std::pair{40, 64}, std::pair{72, 128}, std::pair{96, 128}, std::pair{120, 128},
+                             std::pair{136, 256}, std::pair{192, 256}, std::pair{248, 256}})
     for (int seqlen : {1, 100, 129, 1000, 2048, 2049, 5000, 8192, 8193, 12289, 16384})
       for (bool causal : {false, true})
         for (int window : {-1, 300})
           for (bool varlen : {false, true}) {
-            const FwdKernel k = fwd_kernel(problem(d, seqlen, seqlen + 7, causal, window, varlen));
-            EXPECT_EQ(fwd_config(k).head_dim, d) << "seqlen " << seqlen << " causal " << causal << " window " << window;
+            fa_params p = problem(d, seqlen, seqlen + 7, causal, window, varlen);
+            EXPECT_EQ(fwd_config(fwd_kernel(p)).head_dim, kernel_d)
+                << "head_dim " << d << " seqlen " << seqlen << " causal " << causal << " window " << window;
+            // The same kernel as the kernel head dim's problem.
+            fa_params same = p;
+            same.head_dim = kernel_d;
+            EXPECT_EQ(fwd_kernel(p), fwd_kernel(same)) << "head_dim " << d << " seqlen " << seqlen;
           }
+}
+
+// The kernel head dims: multiples of 8 up to 256, to the next of 64, 128, 256; none otherwise.
+TEST(Sm90FwdConfig, KernelHeadDim) {
+  using flashattn::cuda::sm90::fwd_kernel_head_dim;
+  for (int d = -8; d <= 300; ++d) {
+    const int expected = d <= 0 || d % 8 != 0 || d > 256 ? 0 : d <= 64 ? 64 : d <= 128 ? 128 : 256;
+    EXPECT_EQ(fwd_kernel_head_dim(d), expected) << "head_dim " << d;
+  }
 }
 
 TEST(Sm90FwdConfig, Hdim256) {

@@ -23,6 +23,14 @@
 
 namespace flashattn::cuda::sm90 {
 
+// Whether O's column col (a multiple of 8) is stored: below FwdParams::head_dim; known at compile time below
+// the least head_dim the kernel runs (the guard then costs nothing: a runtime one on the TMA stores' panels
+// made ptxas spill 12 more bytes in head_dim 128's dropout kernel).
+template <class T>
+__device__ __forceinline__ bool stores_column(int col, const FwdParams& p) {
+  return col < T::kMinHeadDim || col < p.head_dim;
+}
+
 // The lse of the thread's two rows (one lane of four writes it).
 template <class T>
 __device__ __forceinline__ void store_lse(const float (&row_max)[2], const float (&row_sum)[2], const FwdParams& p,
@@ -64,7 +72,7 @@ __device__ __forceinline__ void store_tile(const float (&o)[T::kHeadDim / 2], co
                                                 int64_t(tile.head) * p.o_head_stride + 2 * (lane % 4));
 #pragma unroll
     for (int n = 0; n < T::kHeadDim / 8; ++n)
-      if (8 * n < p.head_dim) out[4 * n] = pack2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i], T::kBf16);
+      if (stores_column<T>(8 * n, p)) out[4 * n] = pack2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i], T::kBf16);
   }
   store_lse<T>(row_max, row_sum, p, tile, row0);
 }
@@ -130,7 +138,7 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
       if (lane == 0) {
 #pragma unroll
         for (int c = 0; c < T::kSlabCols / 64; ++c)
-          if (pass * T::kSlabCols + 64 * c < p.head_dim)
+          if (stores_column<T>(pass * T::kSlabCols + 64 * c, p))
             tma_store_4d(map_o, slab_ptr + c * kPanelBytes, pass * T::kSlabCols + 64 * c, row_w, tile.head, tile.batch);
         bulk_commit_group();
       }
@@ -141,7 +149,7 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
         const int r = it * kRowsPerStore + lane / kChunks, c = lane % kChunks;
         const uint4 v = ld_shared_v4(chunk_addr(r, c));
         const int col = pass * T::kSlabCols + 8 * c;
-        if (row_in_sequence(tile, row_w + r) && col < p.head_dim) st_global_v4(out + r * p.o_row_stride + col, v);
+        if (row_in_sequence(tile, row_w + r) && stores_column<T>(col, p)) st_global_v4(out + r * p.o_row_stride + col, v);
       }
     }
   }
@@ -259,7 +267,7 @@ __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim /
     if (thread == 0) {
 #pragma unroll
       for (int c = 0; c < T::kPanels; ++c)
-        if (64 * c < p.head_dim)
+        if (stores_column<T>(64 * c, p))
           tma_store_4d(map_o, q_tile + c * T::kQPanelBytes + consumer_wg * 64 * 128, 64 * c, row_wg, tile.head,
                        tile.batch);
       bulk_commit_group();
@@ -272,7 +280,7 @@ __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim /
     for (int it = 0; it < 64 * kChunks / 128; ++it) {
       const int idx = it * 128 + thread, r = idx / kChunks, c = idx % kChunks;
       const uint4 v = ld_shared_v4(chunk_addr(r, c));
-      if (row_in_sequence(tile, row_wg + r) && 8 * c < p.head_dim) st_global_v4(out + r * p.o_row_stride + 8 * c, v);
+      if (row_in_sequence(tile, row_wg + r) && stores_column<T>(8 * c, p)) st_global_v4(out + r * p.o_row_stride + 8 * c, v);
     }
     SM90_TRACE(p, consumer_wg, trace_count, 10);
     fence_proxy_async_shared();  // the reads above before the TMA write that refills the buffer

@@ -119,9 +119,15 @@ constexpr int fwd_kernel_head_dim(int head_dim) {
   if (head_dim <= 0 || head_dim % 8 != 0) return 0;
   return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 256 ? 256 : 0;
 }
+// The least head_dim a kernel head dim runs (8, 72, 136): its O columns below it are always stored.
+constexpr int fwd_min_head_dim(int kernel_head_dim) {
+  return kernel_head_dim == 64 ? 8 : kernel_head_dim / 2 + 8;
+}
 static_assert(fwd_kernel_head_dim(8) == 64 && fwd_kernel_head_dim(64) == 64 && fwd_kernel_head_dim(72) == 128 &&
               fwd_kernel_head_dim(96) == 128 && fwd_kernel_head_dim(136) == 256 && fwd_kernel_head_dim(256) == 256 &&
-              fwd_kernel_head_dim(264) == 0 && fwd_kernel_head_dim(100) == 0);
+              fwd_kernel_head_dim(264) == 0 && fwd_kernel_head_dim(100) == 0 &&
+              fwd_kernel_head_dim(fwd_min_head_dim(128)) == 128 && fwd_kernel_head_dim(fwd_min_head_dim(128) - 8) == 64 &&
+              fwd_kernel_head_dim(fwd_min_head_dim(256)) == 256 && fwd_kernel_head_dim(fwd_min_head_dim(256) - 8) == 128);
 
 // The mask of p's sequences (with varlen: of the longest).
 inline Mask mask_of(const fa_params& p) {

@@ -268,6 +268,8 @@ constexpr int kMaxTailPieces = 8;
 template <FwdConfig kConfig, bool kBf16_>
 struct Traits {
   static constexpr int kHeadDim = kConfig.head_dim;
+  // The least head_dim this kernel runs zero-padded (fwd_min_head_dim): O's columns below it need no guard.
+  static constexpr int kMinHeadDim = fwd_min_head_dim(kHeadDim);
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kConsumerWarpgroups = kConfig.consumers;
   static constexpr int kBlockM = kConfig.block_m();
