@@ -72,7 +72,8 @@ __device__ __forceinline__ void store_tile(const float (&o)[T::kHeadDim / 2], co
                                                 int64_t(tile.head) * p.o_head_stride + 2 * (lane % 4));
 #pragma unroll
     for (int n = 0; n < T::kHeadDim / 8; ++n)
-      if (stores_column<T>(8 * n, p)) out[4 * n] = pack2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i], T::kBf16);
+      if (stores_column<T>(8 * n, p))
+        out[4 * n] = pack2(o[4 * n + 2 * i] * inv[i], o[4 * n + 2 * i + 1] * inv[i], T::kBf16);
   }
   store_lse<T>(row_max, row_sum, p, tile, row0);
 }
@@ -149,7 +150,8 @@ __device__ __forceinline__ void store_tile_slab(const float (&o)[T::kHeadDim / 2
         const int r = it * kRowsPerStore + lane / kChunks, c = lane % kChunks;
         const uint4 v = ld_shared_v4(chunk_addr(r, c));
         const int col = pass * T::kSlabCols + 8 * c;
-        if (row_in_sequence(tile, row_w + r) && stores_column<T>(col, p)) st_global_v4(out + r * p.o_row_stride + col, v);
+        if (row_in_sequence(tile, row_w + r) && stores_column<T>(col, p))
+          st_global_v4(out + r * p.o_row_stride + col, v);
       }
     }
   }
@@ -280,7 +282,8 @@ __device__ __forceinline__ bool store_tile_staged(const float (&o)[T::kHeadDim /
     for (int it = 0; it < 64 * kChunks / 128; ++it) {
       const int idx = it * 128 + thread, r = idx / kChunks, c = idx % kChunks;
       const uint4 v = ld_shared_v4(chunk_addr(r, c));
-      if (row_in_sequence(tile, row_wg + r) && stores_column<T>(8 * c, p)) st_global_v4(out + r * p.o_row_stride + 8 * c, v);
+      if (row_in_sequence(tile, row_wg + r) && stores_column<T>(8 * c, p))
+        st_global_v4(out + r * p.o_row_stride + 8 * c, v);
     }
     SM90_TRACE(p, consumer_wg, trace_count, 10);
     fence_proxy_async_shared();  // the reads above before the TMA write that refills the buffer

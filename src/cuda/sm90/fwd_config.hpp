@@ -126,8 +126,10 @@ constexpr int fwd_min_head_dim(int kernel_head_dim) {
 static_assert(fwd_kernel_head_dim(8) == 64 && fwd_kernel_head_dim(64) == 64 && fwd_kernel_head_dim(72) == 128 &&
               fwd_kernel_head_dim(96) == 128 && fwd_kernel_head_dim(136) == 256 && fwd_kernel_head_dim(256) == 256 &&
               fwd_kernel_head_dim(264) == 0 && fwd_kernel_head_dim(100) == 0 &&
-              fwd_kernel_head_dim(fwd_min_head_dim(128)) == 128 && fwd_kernel_head_dim(fwd_min_head_dim(128) - 8) == 64 &&
-              fwd_kernel_head_dim(fwd_min_head_dim(256)) == 256 && fwd_kernel_head_dim(fwd_min_head_dim(256) - 8) == 128);
+              fwd_kernel_head_dim(fwd_min_head_dim(128)) == 128 &&
+              fwd_kernel_head_dim(fwd_min_head_dim(128) - 8) == 64 &&
+              fwd_kernel_head_dim(fwd_min_head_dim(256)) == 256 &&
+              fwd_kernel_head_dim(fwd_min_head_dim(256) - 8) == 128);
 
 // The mask of p's sequences (with varlen: of the longest).
 inline Mask mask_of(const fa_params& p) {
@@ -181,8 +183,8 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
   return three < serial ? FwdKernel::kHdim64ThreeWarpgroups : FwdKernel::kHdim64Serial;
 }
 
-// The kernel per problem (kernel head_dim 64, 128, 256: fwd_kernel_head_dim), from the side-by-side timings of docs/sm90.md (H100, bf16
-// sweep): a larger block_n pays where a tile has many key blocks, a smaller one where the
+// The kernel per problem (by the kernel head dim, fwd_kernel_head_dim), from the side-by-side timings of
+// docs/sm90.md (H100, bf16 sweep): a larger block_n pays where a tile has many key blocks, a smaller one where the
 // per-tile prologue and epilogue weigh (short sequences) or, for causal, where tiles are short.
 //   head_dim 64:  3 consumer warpgroups (block_m 192) with block_n 128 and the rescale after the
 //                 wait: +8-15% non-causal at every seqlen, +3-10% causal at 2k-4k over 2 warpgroups
