@@ -2,11 +2,14 @@
 // comparison does not cover (block-size independence, thread-count independence).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "cpu/cpu_backend.hpp"
+#include "cpu/kernels.hpp"
 #include "support/harness.hpp"
 
 using flashattn::cpu::block_sizes;
@@ -125,4 +128,43 @@ TEST(CpuBlocks, Fa2ForwardIndependentOfThreadCount) {
   }
   for (size_t t = 1; t < outs.size(); ++t)
     EXPECT_EQ(std::memcmp(outs[0].data(), outs[t].data(), outs[0].size() * sizeof(float)), 0) << "threads run " << t;
+}
+
+// The vector tanh of the FA2 softcap (kernels.hpp) against tanh in double: within 4 units in the last place of
+// the float result over [-50, 50] (every lane a different x, across the polynomial's edge at 0.625), odd,
+// saturating to +-1, and NaN for NaN.
+TEST(CpuKernels, TanhWithinFourUlp) {
+  using flashattn::cpu::kLanes;
+  using flashattn::cpu::tanhv;
+  using flashattn::cpu::vfloat;
+  auto ulp_error = [](float got, double want) {
+    const double ulp = std::ldexp(1.0, std::ilogb(std::fabs(want) > 1e-30 ? want : 1e-30) - 23);
+    return std::fabs(double(got) - want) / ulp;
+  };
+  double worst = 0;
+  float worst_x = 0;
+  for (double x0 = -50; x0 <= 50; x0 += 1e-4 * kLanes) {
+    vfloat x;
+    for (int i = 0; i < kLanes; ++i) x[i] = float(x0 + 1e-4 * i);
+    const vfloat t = tanhv(x), neg = tanhv(-x);
+    for (int i = 0; i < kLanes; ++i) {
+      const double e = ulp_error(t[i], std::tanh(double(x[i])));
+      if (e > worst) worst = e, worst_x = x[i];
+      ASSERT_EQ(neg[i], -t[i]) << "x " << x[i];
+    }
+  }
+  EXPECT_LE(worst, 4.0) << "at x = " << worst_x;
+  for (float x : {0.624f, 0.625f, 0.626f, 1e-30f, 1e-6f, 9.f, 20.f}) {
+    vfloat v{};
+    v[0] = x;
+    EXPECT_LE(ulp_error(tanhv(v)[0], std::tanh(double(x))), 4.0) << "x " << x;
+  }
+  vfloat special{};
+  special[0] = std::numeric_limits<float>::infinity(), special[1] = -special[0];
+  special[2] = std::numeric_limits<float>::quiet_NaN(), special[3] = -0.f;
+  const vfloat t = tanhv(special);
+  EXPECT_EQ(t[0], 1.f);
+  EXPECT_EQ(t[1], -1.f);
+  EXPECT_TRUE(std::isnan(t[2]));
+  EXPECT_EQ(t[3], 0.f);
 }

@@ -105,10 +105,10 @@ void backward_block(const fa_params& p, const Config& c, Workspace& w, const Sha
   float multiplier = c.scale_log2;
   if (c.softcap > 0) {
     const float inner = c.scale / c.softcap, outer = c.softcap * kLog2e;
-    for (int64_t e = 0; e < int64_t(nv) * m_pad; ++e) {
-      const float t = std::tanh(inner * s_t[e]);
-      tanh_t[e] = t;
-      s_t[e] = outer * t;
+    for (int64_t e = 0; e < int64_t(nv) * m_pad; e += kLanes) {
+      const vfloat t = tanhv(inner * vload(s_t + e));
+      vstore(tanh_t + e, t);
+      vstore(s_t + e, outer * t);
     }
     multiplier = 1.f;
   }

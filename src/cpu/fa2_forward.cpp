@@ -105,7 +105,7 @@ void forward_block(const fa_params& p, const Config& c, const PackedKV& kv, Work
 
     if (c.softcap > 0) {
       const float inner = c.scale / c.softcap, outer = c.softcap * kLog2e;
-      for (int64_t e = 0; e < int64_t(nv) * m_pad; ++e) s_t[e] = outer * std::tanh(inner * s_t[e]);
+      for (int64_t e = 0; e < int64_t(nv) * m_pad; e += kLanes) vstore(s_t + e, outer * tanhv(inner * vload(s_t + e)));
     }
     if (slope_log2 != 0) add_alibi_t(s_t, nv, rows, m_pad, n0, m0, mask, slope_log2);
     // Masking is needed unless every row sees every key of the block.

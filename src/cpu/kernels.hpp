@@ -1,5 +1,5 @@
 // Vector building blocks of the CPU FA2 kernels: a register-tiled fp32 matrix product, a
-// vectorized exp2, fp16/bf16 row conversion and aligned scratch buffers.
+// vectorized exp2 and tanh, fp16/bf16 row conversion and aligned scratch buffers.
 //
 // The vector width follows the target the compiler builds for (-march=native): 16 lanes with
 // AVX-512, 8 otherwise (AVX2; without AVX the compiler splits the 32-byte vectors). The code uses
@@ -88,6 +88,25 @@ inline vfloat exp2v(vfloat x) {
   vint e = (__builtin_convertvector(n, vint) + 127) << 23;
   vfloat r = y * __builtin_bit_cast(vfloat, e);
   return x > lo ? r : vfloat{};
+}
+
+// tanh(x), within a few ulp of std::tanh (tests/test_cpu_blocks.cpp), for the softcap: on |x| < 0.625 the odd
+// polynomial x + x^3 P(x^2) (Cephes' tanhf coefficients), elsewhere (1 - e) / (1 + e) with e = e^{-2|x|} <= 0.29
+// (no cancellation; e = 0 past |x| ~ 44: tanh = 1), the sign put back. NaN stays NaN. In place of a scalar
+// std::tanh a score: the softcapped forward ran 7x, the backward 3.7x the time of the plain ones.
+inline vfloat tanhv(vfloat x) {
+  const vfloat ax = x < vfloat{} ? -x : x, z = x * x;
+  vfloat poly = vbroadcast(-5.70498872745e-3f);
+  poly = poly * z + 2.06390887954e-2f;
+  poly = poly * z - 5.37397155531e-2f;
+  poly = poly * z + 1.33314422036e-1f;
+  poly = poly * z - 3.33332819422e-1f;
+  const vfloat small = poly * z * x + x;
+  const vfloat one = vbroadcast(1.f), e = exp2v(ax * (-2.f * kLog2e));
+  const vfloat large_abs = (one - e) / (one + e);
+  const vfloat large = x < vfloat{} ? -large_abs : large_abs;
+  const vfloat r = ax < vbroadcast(0.625f) ? small : large;
+  return x == x ? r : x;
 }
 
 // C (m x n) = or += A (m x k) B (k x n), fp32, row-major B and C with n a multiple of kLanes.
