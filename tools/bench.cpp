@@ -44,6 +44,10 @@ void add_bench_command(CLI::App& app, BenchOptions& o) {
   b->add_option("--window-left", s.window_left, "sliding window left (-1: unbounded)")->capture_default_str();
   b->add_option("--window-right", s.window_right, "sliding window right (-1: unbounded)")->capture_default_str();
   b->add_option("--softcap", s.softcap, "tanh soft-capping (0: off)")->capture_default_str();
+  b->add_flag("--alibi", s.alibi, "ALiBi with slopes 2^(-8 (h + 1) / heads)");
+  b->add_option("--dropout", s.dropout, "dropout probability of the attention weights, in [0, 1) (0: off)")
+      ->capture_default_str();
+  b->add_option("--dropout-seed", s.dropout_seed, "dropout's seed")->capture_default_str();
   b->add_option("--scale", s.scale, "softmax scale (0: 1/sqrt(head_dim))")->capture_default_str();
   b->add_option("--threads", s.threads, "CPU threads (0: every core)")->capture_default_str();
   b->add_option("--cache-bytes", s.cache_bytes, "CPU block-size budget M in bytes (0: L2)")->capture_default_str();

@@ -123,6 +123,17 @@ assert sorted((r["pass"], r["seqlen_q"]) for r in rows[:4]) == [("bwd", 32), ("b
 assert {(r["impl"], r["seqlen_q"], r["seqlen_k"], r["causal"]) for r in rows[4:]} == {
     ("cpu-fa2", 48, 48, True), ("cpu-reference", 48, 48, True), ("cpu-fa2", 10, 20, False), ("cpu-reference", 10, 20, False)}
 PY
+# bench with ALiBi, dropout and softcap: the JSON names them; a bad dropout is a failed row naming dropout_p.
+rm -f "$work/bench_extras.json"
+expect 0 bench_extras -- bench --device cpu --seqlens 40 --head-dims 16 --heads 2 --batch 1 --pass fwd,bwd --repeats 1 \
+  --alibi --dropout 0.2 --dropout-seed 7 --softcap 5 --json "$work/bench_extras.json"
+python3 - "$work/bench_extras.json" <<'PY' || fail "bench: ALiBi, dropout, softcap not in the JSON lines"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert len(rows) == 2 and all(r["alibi"] and abs(r["dropout"] - 0.2) < 1e-6 and r["softcap"] == 5 and r["ms"] > 0 for r in rows), rows
+PY
+bench_out=$("$bin" bench --device cpu --seqlens 40 --head-dims 16 --heads 2 --batch 1 --repeats 1 --dropout 1.5 2>&1)
+grep -q 'FAILED: invalid argument: dropout_p' <<<"$bench_out" || fail "bench --dropout 1.5: no failed row naming dropout_p"
 
 # --help on each command.
 for cmd in run bench io; do
