@@ -168,3 +168,31 @@ TEST(CpuKernels, TanhWithinFourUlp) {
   EXPECT_TRUE(std::isnan(t[2]));
   EXPECT_EQ(t[3], 0.f);
 }
+
+// Dropout's factors of a transposed block (kernels.hpp: the 32 Philox calls of a tile at once, 8 numbers at a
+// time) against the mask element by element (DropoutMask::kept, one scalar call each), on blocks that start
+// inside a tile, end inside one, and have fewer rows than lanes; lanes past the rows are 0.
+TEST(CpuKernels, DropoutFactorsMatchTheMask) {
+  const flashattn::DropoutMask mask = flashattn::DropoutMask::make(0.3f, 0x1234567890abcdefull, 0x55ull << 32 | 7);
+  struct Block {
+    int64_t m0;
+    int rows;
+    int64_t n0;
+    int nv;
+  };
+  for (const Block b : {Block{0, 64, 0, 128}, Block{16, 32, 48, 64}, Block{5, 23, 37, 41}, Block{130, 1, 7, 1},
+                        Block{31, 17, 15, 2}}) {
+    const int64_t m_pad = (b.rows + 15) / 16 * 16 + 16;
+    std::vector<float> z(size_t(b.nv) * size_t(m_pad), -1.f);
+    const int32_t bh = 9;
+    flashattn::cpu::dropout_factors_t(z.data(), b.nv, b.rows, m_pad, b.n0, b.m0, mask, bh);
+    for (int j = 0; j < b.nv; ++j)
+      for (int64_t i = 0; i < m_pad; ++i) {
+        const float want = i >= b.rows ? 0.f
+                           : mask.kept(bh, int32_t(b.m0 + i), int32_t(b.n0 + j)) ? mask.scale
+                                                                                  : 0.f;
+        ASSERT_EQ(z[size_t(j) * size_t(m_pad) + size_t(i)], want)
+            << "block m0 " << b.m0 << " n0 " << b.n0 << ": row " << b.m0 + i << " key " << b.n0 + j;
+      }
+  }
+}
