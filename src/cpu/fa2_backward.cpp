@@ -79,10 +79,13 @@ void load_block(const fa_params& p, const Config& c, const Sequence& seq, const 
   for (int cc = 0; cc < d; ++cc) std::fill(x_t + int64_t(cc) * c.m_pad + rows, x_t + int64_t(cc) * c.m_pad + c.m_pad, 0.f);
 }
 
-// Key block [n0, n0 + nv) of kv head h_kv: its gradient contributions from query block [m0, m0 + rows) of head h.
+// Keys [n0, n0 + nv) of kv head h_kv, rows j0 .. j0 + nv - 1 of the key block in the workspace (w.k, w.v, w.dk,
+// w.dv): their gradient contributions from query block [m0, m0 + rows) of head h.
 void backward_block(const fa_params& p, const Config& c, Workspace& w, const Shared& sh, const Sequence& seq,
-                    const Mask& mask, int h, int64_t n0, int nv, int m0, int rows) {
+                    const Mask& mask, int h, int64_t n0, int j0, int nv, int m0, int rows) {
   const int d = c.head_dim, d_pad = c.d_pad, m_pad = c.m_pad;
+  const float *k = w.k.get() + int64_t(j0) * d_pad, *v = w.v.get() + int64_t(j0) * d_pad;
+  float *dk = w.dk.get() + int64_t(j0) * d_pad, *dv = w.dv.get() + int64_t(j0) * d_pad;
   float *s_t = w.s_t.get(), *dp_t = w.dp_t.get(), *tanh_t = w.tanh_t.get();
   load_block(p, c, seq, q_ref(p), p.q, h, m0, rows, w.q.get(), w.q_t.get());
   load_block(p, c, seq, do_ref(p), p.dout, h, m0, rows, w.dout.get(), w.do_t.get());
@@ -101,7 +104,7 @@ void backward_block(const fa_params& p, const Config& c, Workspace& w, const Sha
     }
   }
 
-  gemm<false>(nv, m_pad, d, w.k.get(), d_pad, w.q_t.get(), m_pad, s_t, m_pad, false);  // S^T (nv, m_pad)
+  gemm<false>(nv, m_pad, d, k, d_pad, w.q_t.get(), m_pad, s_t, m_pad, false);  // S^T (nv, m_pad)
   float multiplier = c.scale_log2;
   if (c.softcap > 0) {
     const float inner = c.scale / c.softcap, outer = c.softcap * kLog2e;
@@ -145,8 +148,8 @@ void backward_block(const fa_params& p, const Config& c, Workspace& w, const Sha
     for (int64_t e = 0; e < int64_t(nv) * m_pad; e += kLanes) vstore(dropped + e, vload(s_t + e) * vload(z_t + e));
     pd_t = dropped;
   }
-  gemm<false>(nv, d_pad, rows, pd_t, m_pad, w.dout.get(), d_pad, w.dv.get(), d_pad, true);  // dV += (P Z)^T dO
-  gemm<false>(nv, m_pad, d, w.v.get(), d_pad, w.do_t.get(), m_pad, dp_t, m_pad, false);    // dP^T = V dO^T
+  gemm<false>(nv, d_pad, rows, pd_t, m_pad, w.dout.get(), d_pad, dv, d_pad, true);  // dV += (P Z)^T dO
+  gemm<false>(nv, m_pad, d, v, d_pad, w.do_t.get(), m_pad, dp_t, m_pad, false);    // dP^T = V dO^T
   if (dropout.on())  // dP of P itself: (V dO^T) Z
     for (int64_t e = 0; e < int64_t(nv) * m_pad; e += kLanes) vstore(dp_t + e, vload(dp_t + e) * vload(z_t + e));
   // dS^T = P^T (dP^T - D) * dS/dS_raw, in place of dP^T.
@@ -162,9 +165,9 @@ void backward_block(const fa_params& p, const Config& c, Workspace& w, const Sha
       vstore(dprow + i, ds);
     }
   }
-  gemm<false>(nv, d_pad, rows, dp_t, m_pad, w.q.get(), d_pad, w.dk.get(), d_pad, true);  // dK += dS^T Q
+  gemm<false>(nv, d_pad, rows, dp_t, m_pad, w.q.get(), d_pad, dk, d_pad, true);  // dK += dS^T Q
   float* dq = w.dq.get();
-  gemm<true>(rows, d_pad, nv, dp_t, m_pad, w.k.get(), d_pad, dq, d_pad, false);  // dQ_i part = dS K
+  gemm<true>(rows, d_pad, nv, dp_t, m_pad, k, d_pad, dq, d_pad, false);  // dQ_i part = dS K
 
   const int64_t lock = (int64_t(seq.batch_index) * p.num_heads + h) * c.num_m_blocks + m0 / c.block_m;
   std::lock_guard<std::mutex> guard(sh.locks[lock]);
@@ -196,9 +199,12 @@ void backward_keys(const fa_params& p, const Config& c, Workspace& w, const Shar
     for (int h = h_kv * c.group; h < (h_kv + 1) * c.group; ++h) {
       for (int m0 = 0; m0 < seq.seqlen_q; m0 += c.block_m) {
         const int rows = std::min(c.block_m, seq.seqlen_q - m0);
-        // Skip query blocks none of whose rows sees a key of this block.
-        if (mask.key_end(m0 + rows - 1) <= n0 || mask.key_begin(m0) >= n0 + nv) continue;
-        backward_block(p, c, w, sh, seq, mask, h, n0, nv, m0, rows);
+        // Only the keys of this block some row of the query block sees (none: skipped). Under a band (a window,
+        // causal) a query block sees part of a key block: on all of it the backward with a 256-key window ran
+        // 4.8x the forward's time at 1k keys (2.0x without a mask).
+        const int64_t kb = std::max(n0, mask.key_begin(m0)), ke = std::min(n0 + nv, mask.key_end(m0 + rows - 1));
+        if (kb >= ke) continue;
+        backward_block(p, c, w, sh, seq, mask, h, kb, int(kb - n0), int(ke - kb), m0, rows);
       }
     }
     for (int j = 0; j < nv; ++j) {
