@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -279,21 +280,42 @@ inline void store_row_f32(void* dst, int64_t offset, int n, const float* in, fa_
   }
 }
 
+// Scratch blocks of 64-byte aligned memory, bytes a multiple of 64 (scratch.cpp): take one, give it back. A
+// thread keeps what it gave back (up to 256 MB) for its next takes, so repeated calls touch no fresh pages.
+void* scratch_take(size_t bytes);
+void scratch_give(void* block, size_t bytes);
+
 // 64-byte aligned fp32 scratch, zero-initialized unless `zero` is false (large buffers that the
-// threads fill themselves: their pages are then first touched in parallel).
-struct Buffer {
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float[], Free> ptr;
+// threads fill themselves: their pages are then first touched in parallel, the first call).
+class Buffer {
+ public:
   Buffer() = default;
-  explicit Buffer(int64_t n, bool zero = true) {
-    size_t bytes = size_t(round_up(std::max<int64_t>(n, 1) * int64_t(sizeof(float)), 64));
-    ptr.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
-    if (!ptr) throw std::bad_alloc();
-    if (zero) std::memset(ptr.get(), 0, bytes);
+  explicit Buffer(int64_t n, bool zero = true)
+      : bytes_(size_t(round_up(std::max<int64_t>(n, 1) * int64_t(sizeof(float)), 64))),
+        ptr_(static_cast<float*>(scratch_take(bytes_))) {
+    if (zero) std::memset(ptr_, 0, bytes_);
   }
-  float* get() const { return ptr.get(); }
+  Buffer(Buffer&& other) noexcept : bytes_(std::exchange(other.bytes_, 0)), ptr_(std::exchange(other.ptr_, nullptr)) {}
+  Buffer& operator=(Buffer&& other) noexcept {
+    if (this != &other) {
+      release();
+      bytes_ = std::exchange(other.bytes_, 0);
+      ptr_ = std::exchange(other.ptr_, nullptr);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { release(); }
+  float* get() const { return ptr_; }
+
+ private:
+  void release() {
+    if (ptr_) scratch_give(ptr_, bytes_);
+    ptr_ = nullptr;
+  }
+  size_t bytes_ = 0;
+  float* ptr_ = nullptr;
 };
 
 }  // namespace flashattn::cpu
