@@ -37,6 +37,25 @@ std::vector<ForwardParam> forward_params(fa_impl impl, int max_seqlen = 1 << 30)
   for (fa_dtype dt : {FA_FLOAT32, FA_BFLOAT16})  // dropout
       for (const Case& c : fa_test::dropout_cases(dt))
         if (std::max(c.seqlen_q, c.seqlen_k) <= max_seqlen) out.push_back({impl, c});
+  // GQA with few query rows, where FA2 puts a kv head's query heads in one block (its lanes: query row r % rows of
+  // head h + r / rows): decode, a few rows causal past the diagonal, a window with softcap, MQA, varlen with an
+  // empty sequence, fp16.
+  {
+    auto with = [](Case c, auto&& f) {
+      f(c);
+      return c;
+    };
+    const std::vector<Case> grouped = {
+        fa_test::make_case(FA_FLOAT32, 2, 1, 1000, 8, 2, 64),
+        with(fa_test::make_case(FA_FLOAT32, 1, 3, 700, 16, 4, 128), [](Case& c) { c.causal = true; }),
+        with(fa_test::make_case(FA_BFLOAT16, 2, 2, 517, 6, 2, 96),
+             [](Case& c) { c.window_left = 100, c.window_right = 0, c.softcap = 5.f; }),
+        fa_test::make_case(FA_FLOAT16, 1, 2, 333, 16, 1, 32),
+        fa_test::varlen(fa_test::make_case(FA_FLOAT32, 1, 1, 1, 8, 2, 64), {1, 0, 3}, {300, 17, 129}),
+    };
+    for (const Case& c : grouped)
+      if (std::max(c.seqlen_q, c.seqlen_k) <= max_seqlen) out.push_back({impl, c});
+  }
   // Paged: one row a page, a prime, 16 (as vLLM's), one the GPU takes.
   for (const Case& c : fa_test::paged_kv_cases(FA_BFLOAT16, {1, 7, 16, 128}))
     if (std::max(c.seqlen_q, c.seqlen_k) <= max_seqlen) out.push_back({impl, c});
