@@ -191,25 +191,13 @@ inline void add_alibi_t(float* s_t, int nv, int rows, int64_t m_pad, int64_t n0,
   }
 }
 
-// The 32 Philox calls of one 16 x 16 dropout tile (row tile i16, key tile j16 of bh = sequence * num_heads + head)
-// at once: words[k][8 t + g] is word k of lane 4 g + t's call (DropoutMask::call; in this order a key's rows
-// g = 0..7 of a word lie side by side). Each round runs over the 32 calls as arrays, which the compiler
-// vectorizes.
+// The 32 Philox calls of one 16 x 16 dropout tile (row tile i16, key tile j16 of bh = sequence * num_heads + head):
+// words[k][8 t + g] is word k of lane 4 g + t's call (DropoutMask::call; in this order a key's rows g = 0..7 of a
+// word lie side by side). The loop over the calls is what the compiler vectorizes.
 inline void philox_tile(const DropoutMask& dropout, int32_t bh, int32_t i16, int32_t j16, uint32_t (&words)[4][32]) {
-  uint32_t(&x)[32] = words[0], (&y)[32] = words[1], (&z)[32] = words[2], (&w)[32] = words[3];
-  for (int l = 0; l < 32; ++l)
-    x[l] = uint32_t(j16), y[l] = uint32_t(i16) * 32u + uint32_t(4 * (l % 8) + l / 8), z[l] = uint32_t(bh);
-  for (int l = 0; l < 32; ++l) w[l] = dropout.offset_lo;
-  uint32_t k0 = dropout.key0, k1 = dropout.key1;
-  for (int round = 0; round < 10; ++round) {
-#pragma GCC ivdep
-    for (int l = 0; l < 32; ++l) {
-      const uint64_t m0 = uint64_t(0xD2511F53u) * x[l], m1 = uint64_t(0xCD9E8D57u) * z[l];
-      const uint32_t nx = uint32_t(m1 >> 32) ^ y[l] ^ k0, nz = uint32_t(m0 >> 32) ^ w[l] ^ k1;
-      y[l] = uint32_t(m1), w[l] = uint32_t(m0), x[l] = nx, z[l] = nz;
-    }
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
+  for (int l = 0; l < 32; ++l) {
+    const Philox4 o = dropout.call(bh, i16, j16, 4 * (l % 8) + l / 8);
+    words[0][l] = o.x, words[1][l] = o.y, words[2][l] = o.z, words[3][l] = o.w;
   }
 }
 
