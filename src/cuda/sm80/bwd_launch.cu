@@ -85,10 +85,15 @@ struct BwdWorkspace {
   size_t d_sum = 0, dq_accum = 0, semaphore = 0, tail_dkv = 0, tail_done = 0, total = 0;  // byte offsets, total size
 };
 
+// The kernel head_dim of p's head_dim in the Hopper or the sm80 family (0: none).
+int family_kernel_head_dim(const fa_params& p, bool hopper) {
+  return hopper ? sm90_bwd_kernel_head_dim(p.head_dim) : bwd_kernel_head_dim(p.head_dim);
+}
+
 // hopper: the layout for the sm90 main kernel (its block_m, no d split).
 BwdWorkspace workspace_layout(const fa_params& p, bool hopper, int num_sms) {
   BwdWorkspace w;
-  w.kernel_head_dim = hopper ? sm90_bwd_kernel_head_dim(p.head_dim) : bwd_kernel_head_dim(p.head_dim);
+  w.kernel_head_dim = family_kernel_head_dim(p, hopper);
   if (w.kernel_head_dim == 0 || p.batch <= 0) return w;
   const BwdConfig c = bwd_config(w.kernel_head_dim);
   const int block_m = hopper ? sm90_bwd_config(w.kernel_head_dim).block_m : c.block_m, split_d = hopper ? 1 : c.split_d;
@@ -131,7 +136,7 @@ sm80::RunBwd lookup(const sm80::BwdKernels (&table)[N], int kernel_head_dim, fa_
 
 // The instantiation of this family for p's (dtype, kernel head_dim), null when not built.
 sm80::RunBwd find_bwd(const fa_params& p, bool hopper) {
-  const int kernel_head_dim = hopper ? sm80::sm90_bwd_kernel_head_dim(p.head_dim) : sm80::bwd_kernel_head_dim(p.head_dim);
+  const int kernel_head_dim = sm80::family_kernel_head_dim(p, hopper);
   if (p.dtype != FA_FLOAT16 && p.dtype != FA_BFLOAT16) return nullptr;
   return hopper ? lookup(sm80::kSm90BwdKernels, kernel_head_dim, p.dtype)
                 : lookup(sm80::kBwdKernels, kernel_head_dim, p.dtype);
