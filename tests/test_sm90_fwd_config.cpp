@@ -3,7 +3,9 @@
 // C++: no GPU needed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 
 #include "cuda/sm90/fwd_config.hpp"
@@ -116,7 +118,7 @@ TEST(Sm90FwdConfig, Hdim128NextQAfterKeysOnlyWithoutAMask) {
   const auto no_mask = fwd_config(FwdKernel::kHdim128ShortKeysOptimistic);
   EXPECT_EQ(no_mask.q_after_kv_from, 4);
   EXPECT_EQ(no_mask.q_after_kv_to, 5);
-  for (FwdKernel k = FwdKernel::kHdim64TwoWarpgroups; k <= FwdKernel::kHdim256LongNoMask;
+  for (FwdKernel k = FwdKernel::kHdim64TwoWarpgroups; k <= flashattn::cuda::sm90::kLastFwdKernel;
        k = FwdKernel(int(k) + 1))
     if (k != FwdKernel::kHdim128ShortKeysOptimistic) EXPECT_EQ(fwd_config(k).q_after_kv_to, 0) << int(k);
 }
@@ -130,9 +132,10 @@ TEST(Sm90FwdConfig, EveryChoiceIsOfTheProblemsHeadDim) {
     EXPECT_LE(fwd_config(FwdKernel(k)).head_dim, fwd_config(FwdKernel(k + 1)).head_dim) << "kernel " << k;
   EXPECT_EQ(fwd_config(FwdKernel(int(kLastFwdKernel) + 1)).head_dim, 0);
   // A head_dim between the kernels' runs the next one's kernels, zero-padded (fwd_kernel_head_dim).
-  for (auto [d, kernel_d] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{256, 256}, std::pair{8, 64},
-                             std::pair{40, 64}, std::pair{72, 128}, std::pair{96, 128}, std::pair{120, 128},
-                             std::pair{136, 256}, std::pair{192, 256}, std::pair{248, 256}})
+  for (auto [d, kernel_d] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{192, 192}, std::pair{256, 256},
+                             std::pair{8, 64}, std::pair{40, 64}, std::pair{72, 128}, std::pair{96, 128},
+                             std::pair{120, 128}, std::pair{136, 192}, std::pair{160, 192}, std::pair{200, 256},
+                             std::pair{248, 256}})
     for (int seqlen : {1, 100, 129, 1000, 2048, 2049, 5000, 8192, 8193, 12289, 16384})
       for (bool causal : {false, true})
         for (int window : {-1, 300})
@@ -147,13 +150,25 @@ TEST(Sm90FwdConfig, EveryChoiceIsOfTheProblemsHeadDim) {
           }
 }
 
-// The kernel head dims: multiples of 8 up to 256, to the next of 64, 128, 256; none otherwise.
+// The kernel head dims: multiples of 8 up to 256, to the next of 64, 128, 192, 256; none otherwise.
 TEST(Sm90FwdConfig, KernelHeadDim) {
   using flashattn::cuda::sm90::fwd_kernel_head_dim;
   for (int d = -8; d <= 300; ++d) {
-    const int expected = d <= 0 || d % 8 != 0 || d > 256 ? 0 : d <= 64 ? 64 : d <= 128 ? 128 : 256;
+    const int expected = d <= 0 || d % 8 != 0 || d > 256 ? 0 : d <= 64 ? 64 : d <= 128 ? 128 : d <= 192 ? 192 : 256;
     EXPECT_EQ(fwd_kernel_head_dim(d), expected) << "head_dim " << d;
   }
+}
+
+TEST(Sm90FwdConfig, Hdim192) {
+  // block_n 64 up to 512 keys, causal up to 1k; block_n 96 up to 4k; block_n 112 past it.
+  EXPECT_EQ(fwd_kernel(problem(192, 1, 1)), FwdKernel::kHdim192ShortKeys);
+  EXPECT_EQ(fwd_kernel(problem(192, 4096, 512)), FwdKernel::kHdim192ShortKeys);
+  EXPECT_EQ(fwd_kernel(problem(192, 513, 513)), FwdKernel::kHdim192);
+  EXPECT_EQ(fwd_kernel(problem(192, 1024, 1024, true)), FwdKernel::kHdim192ShortKeys);
+  EXPECT_EQ(fwd_kernel(problem(192, 1025, 1025, true)), FwdKernel::kHdim192);
+  EXPECT_EQ(fwd_kernel(problem(192, 4096, 4096, true)), FwdKernel::kHdim192);
+  EXPECT_EQ(fwd_kernel(problem(192, 128, 4097)), FwdKernel::kHdim192LongKeys);
+  EXPECT_EQ(fwd_kernel(problem(192, 16384, 16384, true)), FwdKernel::kHdim192LongKeys);
 }
 
 TEST(Sm90FwdConfig, Hdim256) {
@@ -172,18 +187,19 @@ TEST(Sm90FwdConfig, Hdim256) {
 TEST(Sm90FwdConfig, AlibiRunsItsOwnKernels) {
   using flashattn::cuda::sm90::fwd_config;
   static const float slopes[1] = {0.5f};
-  const FwdKernel alibi[] = {FwdKernel::kHdim64Alibi, FwdKernel::kHdim128Alibi, FwdKernel::kHdim256Alibi};
-  for (int i = 0; i < 3; ++i)
+  const FwdKernel alibi[] = {FwdKernel::kHdim64Alibi, FwdKernel::kHdim128Alibi, FwdKernel::kHdim192Alibi,
+                             FwdKernel::kHdim256Alibi};
+  for (int i = 0; i < 4; ++i)
     for (int seqlen : {1, 129, 2049, 8193, 16384})
       for (bool causal : {false, true}) {
-        fa_params p = problem(64 << i, seqlen, seqlen, causal);
+        fa_params p = problem(64 * (i + 1), seqlen, seqlen, causal);
         EXPECT_NE(fwd_kernel(p), alibi[i]);
         p.alibi_slopes = slopes;
-        EXPECT_EQ(fwd_kernel(p), alibi[i]) << "head_dim " << (64 << i) << " seqlen " << seqlen << " causal " << causal;
+        EXPECT_EQ(fwd_kernel(p), alibi[i]) << "head_dim " << 64 * (i + 1) << " seqlen " << seqlen << " causal " << causal;
       }
   for (int k = 0; k <= int(flashattn::cuda::sm90::kLastFwdKernel); ++k) {
     const FwdKernel kernel = FwdKernel(k);
-    const bool is_alibi = kernel == alibi[0] || kernel == alibi[1] || kernel == alibi[2];
+    const bool is_alibi = std::find(std::begin(alibi), std::end(alibi), kernel) != std::end(alibi);
     EXPECT_EQ(fwd_config(kernel).alibi, is_alibi) << "kernel " << k;
   }
 }
@@ -192,19 +208,20 @@ TEST(Sm90FwdConfig, AlibiRunsItsOwnKernels) {
 // the optimistic softmax or the last round's split (their static_assert in params.cuh says why).
 TEST(Sm90FwdConfig, DropoutRunsItsOwnKernels) {
   using flashattn::cuda::sm90::fwd_config;
-  const FwdKernel dropout[] = {FwdKernel::kHdim64Dropout, FwdKernel::kHdim128Dropout, FwdKernel::kHdim256Dropout};
-  for (int i = 0; i < 3; ++i)
+  const FwdKernel dropout[] = {FwdKernel::kHdim64Dropout, FwdKernel::kHdim128Dropout, FwdKernel::kHdim192Dropout,
+                             FwdKernel::kHdim256Dropout};
+  for (int i = 0; i < 4; ++i)
     for (int seqlen : {1, 129, 2049, 8193, 16384})
       for (bool causal : {false, true})
         for (bool varlen : {false, true}) {
-          fa_params p = problem(64 << i, seqlen, seqlen, causal, -1, varlen);
+          fa_params p = problem(64 * (i + 1), seqlen, seqlen, causal, -1, varlen);
           EXPECT_NE(fwd_kernel(p), dropout[i]);
           p.dropout_p = 0.1f;
-          EXPECT_EQ(fwd_kernel(p), dropout[i]) << "head_dim " << (64 << i) << " seqlen " << seqlen << " causal " << causal;
+          EXPECT_EQ(fwd_kernel(p), dropout[i]) << "head_dim " << 64 * (i + 1) << " seqlen " << seqlen << " causal " << causal;
         }
   for (int k = 0; k <= int(flashattn::cuda::sm90::kLastFwdKernel); ++k) {
     const FwdKernel kernel = FwdKernel(k);
-    const bool is_dropout = kernel == dropout[0] || kernel == dropout[1] || kernel == dropout[2];
+    const bool is_dropout = std::find(std::begin(dropout), std::end(dropout), kernel) != std::end(dropout);
     EXPECT_EQ(fwd_config(kernel).dropout, is_dropout) << "kernel " << k;
     if (is_dropout) EXPECT_FALSE(fwd_config(kernel).optimistic_max || fwd_config(kernel).tail_split) << "kernel " << k;
   }

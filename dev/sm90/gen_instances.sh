@@ -1,7 +1,7 @@
 #!/bin/sh
 # Writes src/cuda/sm90/fwd_hdim<N>_<dtype>.cu, one instantiation of the Hopper forward per file
 # (CMake prunes them by FLASHATTN_CUDA_HEAD_DIMS). Run from the repository root.
-for d in 64 128 256; do
+for d in 64 128 192 256; do
   for t in bf16 fp16; do
     if [ $t = bf16 ]; then b=true; else b=false; fi
     cat > src/cuda/sm90/fwd_hdim${d}_${t}.cu <<EOT

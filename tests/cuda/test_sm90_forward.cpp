@@ -28,7 +28,7 @@ std::vector<Case> sm90_forward_cases() {
     return c;
   };
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
-    // The kernel takes head dims that are multiples of 8 up to 256 (on its kernels of 64, 128, 256, zero-padded
+    // The kernel takes head dims that are multiples of 8 up to 256 (on its kernels of 64, 128, 192, 256, zero-padded
     // between them) and 16-byte strides (TMA); the rest goes to sm80.
     auto takes = [](const Case& c) { return flashattn::cuda::sm90::fwd_kernel_head_dim(c.head_dim) != 0; };
     for (const Case& c : fa_test::standard_forward_cases(dt, 256))
@@ -36,9 +36,9 @@ std::vector<Case> sm90_forward_cases() {
     // The shared dropout cases it takes (not with ALiBi: those go to sm80).
     for (const Case& c : fa_test::dropout_cases(dt))
       if (takes(c) && c.alibi == 0) out.push_back(c);
-    // The kernels' head dims, and padded ones: 40 on the kernel of 64, 96 on 128, 192 on 256 (a panel of 64
-    // columns wholly past head_dim).
-    for (int d : {40, 64, 96, 128, 192, 256}) {
+    // The kernels' head dims, and padded ones: 40 on the kernel of 64, 96 on 128, 136 on 192 and 200 on 256 (the
+    // least each runs: one 8-column chunk of the last panel stored, fwd_min_head_dim).
+    for (int d : {40, 64, 96, 128, 136, 192, 200, 256}) {
       Case c;
       c.dtype = dt, c.head_dim = d, c.batch = 2, c.seqlen_q = 1000, c.seqlen_k = 1100, c.num_heads = 8;
       c.num_heads_kv = 2;
@@ -94,17 +94,25 @@ std::vector<Case> sm90_forward_cases() {
       Case dl = fa_test::make_case(dt, 1, 300, 2100, 2, 1, d);
       dl.dropout_p = 0.1f, dl.dropout_seed = 12, dl.causal = true;
       out.push_back(dl);
-      // Head_dim 256 up to 1k keys (ping-pong) with several tiles a CTA, GQA 4:1, without a mask and causal.
-      if (d == 256) {
-        Case pp = fa_test::make_case(dt, 4, 640, 1000, 16, 4, 256);
+      // Head_dim 256 up to 1k keys (ping-pong), and 192, with several tiles a CTA, GQA 4:1, without a mask and
+      // causal (head_dim 192: block_n 96, and causal block_n 64 with 2 q buffers); head_dim 192 past 4k keys
+      // likewise (block_n 112, one q buffer).
+      if (d == 192 || d == 256) {
+        Case pp = fa_test::make_case(dt, 4, 640, 1000, 16, 4, d);
         out.push_back(pp);
         pp.causal = true;
         out.push_back(pp);
       }
+      if (d == 192) {
+        Case lk = fa_test::make_case(dt, 2, 640, 4200, 16, 4, d);
+        out.push_back(lk);
+        lk.causal = true;
+        out.push_back(lk);
+      }
       // Several tiles per CTA with empty ones among them (rows before the window, sequences
       // without keys): the release of an empty tile's q once every warp has seen it arrive (a
-      // hang at head_dim 256, one q buffer, before the fix).
-      if (d == 256 || dt == FA_BFLOAT16) {
+      // hang at head_dim 256, one q buffer, before the fix; 192 has one too).
+      if (d == 192 || d == 256 || dt == FA_BFLOAT16) {
         Case e;
         e.dtype = dt, e.head_dim = d, e.num_heads = 32, e.num_heads_kv = 8, e.window_left = 64, e.window_right = 16;
         e.seqlens_q = {300, 0, 1, 129, 256, 70, 400, 128, 5, 200};

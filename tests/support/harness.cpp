@@ -404,8 +404,8 @@ std::string join_errors(const std::vector<std::string>& errors) {
 }
 
 // The forward whose O and LSE a backward check starts from: the same implementation, except that the
-// Hopper forward takes fewer problems than the Hopper backward (TMA strides, head dims 64 / 128 / 256
-// only), so its backward starts from whichever forward the dispatcher picks.
+// Hopper forward and backward take different problems (TMA strides, head dims), so the Hopper backward
+// starts from whichever forward the dispatcher picks.
 namespace {
 fa_impl forward_of(fa_impl impl) { return impl == FA_IMPL_CUDA_SM90 ? FA_IMPL_AUTO : impl; }
 }  // namespace

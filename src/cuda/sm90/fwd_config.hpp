@@ -51,6 +51,11 @@ enum class FwdKernel {
   kHdim128Serial,
   kHdim128Alibi,
   kHdim128Dropout,
+  kHdim192ShortKeys,
+  kHdim192,
+  kHdim192LongKeys,
+  kHdim192Alibi,
+  kHdim192Dropout,
   kHdim256ShortKeys,
   kHdim256,
   kHdim256LongNoMask,
@@ -101,6 +106,13 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
       return {.head_dim = 128, .block_n = 128, .rescale_early = true, .pingpong = true, .alibi = true};
     case FwdKernel::kHdim128Dropout:
       return {.head_dim = 128, .block_n = 128, .rescale_early = true, .pingpong = true, .dropout = true};
+    // head_dim 192 (q 48 KB, O 96 registers a thread): block_n 64 with 2 q and the staged epilogue (192 KB);
+    // block_n 96, 1 q and slabs of 64 columns (208 KB); block_n 112, 1 q (216 KB), O stored from registers.
+    case FwdKernel::kHdim192ShortKeys: return {.head_dim = 192, .block_n = 64, .pingpong = true};
+    case FwdKernel::kHdim192: return {.head_dim = 192, .block_n = 96, .pingpong = true};
+    case FwdKernel::kHdim192LongKeys: return {.head_dim = 192, .block_n = 112};
+    case FwdKernel::kHdim192Alibi: return {.head_dim = 192, .block_n = 112, .alibi = true};
+    case FwdKernel::kHdim192Dropout: return {.head_dim = 192, .block_n = 112, .dropout = true};
     case FwdKernel::kHdim256ShortKeys: return {.head_dim = 256, .block_n = 64, .pingpong = true};
     case FwdKernel::kHdim256: return {.head_dim = 256, .block_n = 64};
     case FwdKernel::kHdim256LongNoMask: return {.head_dim = 256, .block_n = 80};
@@ -110,26 +122,25 @@ constexpr FwdConfig fwd_config(FwdKernel kernel) {
   return {};  // past the last: head_dim 0
 }
 
-// The kernel head dim of a head_dim: the least of 64, 128, 256 at or above it, 0 past 256 or where the head_dim
-// is not a multiple of 8 (the epilogue's 16-byte stores of O then guard whole chunks). Below the kernel's
+// The kernel head dim of a head_dim: the least of 64, 128, 192, 256 at or above it, 0 past 256 or where the
+// head_dim is not a multiple of 8 (the epilogue's 16-byte stores of O then guard whole chunks). Below the kernel's
 // columns q, k and v are zero-padded (TMA fills the columns past the tensor map's head_dim with zeros: the
 // scores and O are those of head_dim) and O's stores are clipped to head_dim (the tensor map's, and the
 // register and 16-byte stores' column guard, FwdParams::head_dim).
 constexpr int fwd_kernel_head_dim(int head_dim) {
-  if (head_dim <= 0 || head_dim % 8 != 0) return 0;
-  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 256 ? 256 : 0;
+  if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 256) return 0;
+  return (head_dim + 63) / 64 * 64;
 }
-// The least head_dim a kernel head dim runs (8, 72, 136): its O columns below it are always stored.
-constexpr int fwd_min_head_dim(int kernel_head_dim) {
-  return kernel_head_dim == 64 ? 8 : kernel_head_dim / 2 + 8;
-}
+// The least head_dim a kernel head dim runs (8, 72, 136, 200: the kernel below's + 8): its O columns below it
+// are always stored.
+constexpr int fwd_min_head_dim(int kernel_head_dim) { return kernel_head_dim == 64 ? 8 : kernel_head_dim - 56; }
 static_assert(fwd_kernel_head_dim(8) == 64 && fwd_kernel_head_dim(64) == 64 && fwd_kernel_head_dim(72) == 128 &&
-              fwd_kernel_head_dim(96) == 128 && fwd_kernel_head_dim(136) == 256 && fwd_kernel_head_dim(256) == 256 &&
-              fwd_kernel_head_dim(264) == 0 && fwd_kernel_head_dim(100) == 0 &&
-              fwd_kernel_head_dim(fwd_min_head_dim(128)) == 128 &&
-              fwd_kernel_head_dim(fwd_min_head_dim(128) - 8) == 64 &&
-              fwd_kernel_head_dim(fwd_min_head_dim(256)) == 256 &&
-              fwd_kernel_head_dim(fwd_min_head_dim(256) - 8) == 128);
+              fwd_kernel_head_dim(96) == 128 && fwd_kernel_head_dim(136) == 192 && fwd_kernel_head_dim(192) == 192 &&
+              fwd_kernel_head_dim(200) == 256 && fwd_kernel_head_dim(256) == 256 && fwd_kernel_head_dim(264) == 0 &&
+              fwd_kernel_head_dim(100) == 0);
+static_assert(fwd_kernel_head_dim(fwd_min_head_dim(128)) == 128 && fwd_kernel_head_dim(fwd_min_head_dim(128) - 8) == 64 &&
+              fwd_kernel_head_dim(fwd_min_head_dim(192)) == 192 && fwd_kernel_head_dim(fwd_min_head_dim(192) - 8) == 128 &&
+              fwd_kernel_head_dim(fwd_min_head_dim(256)) == 256 && fwd_kernel_head_dim(fwd_min_head_dim(256) - 8) == 192);
 
 // The mask of p's sequences (with varlen: of the longest).
 inline Mask mask_of(const fa_params& p) {
@@ -183,6 +194,11 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
   return three < serial ? FwdKernel::kHdim64ThreeWarpgroups : FwdKernel::kHdim64Serial;
 }
 
+// Of one kernel a kernel head dim (64, 128, 192, 256), head_dim's (none: sm90_supports said no first; the last).
+inline FwdKernel of_head_dim(int kernel_head_dim, const FwdKernel (&kernels)[4]) {
+  return kernels[kernel_head_dim >= 64 && kernel_head_dim <= 256 ? kernel_head_dim / 64 - 1 : 3];
+}
+
 // The kernel per problem (by the kernel head dim, fwd_kernel_head_dim), from the side-by-side timings of
 // docs/sm90.md (H100, bf16 sweep): a larger block_n pays where a tile has many key blocks, a smaller one where the
 // per-tile prologue and epilogue weigh (short sequences) or, for causal, where tiles are short.
@@ -217,6 +233,11 @@ inline FwdKernel hdim64_causal_kernel(const Mask& mask, bool end_aligned) {
 //                 9% slower causal at 8k (step 28); with the optimistic softmax (steps 36-37) +7-10%
 //                 at 2.5k-4k too (step 44). Problems without a mask split the last round's tiles (the
 //                 3-warpgroup kernel in an instantiation of its own: step 29).
+//   head_dim 192: block_n 96 with ping-pong up to 4k keys (+3-21% at 768-4k over block_n 112, but 1% slower
+//                 at head_dim 160 4k without a mask), block_n 64 with ping-pong up to 512 keys, causal up to
+//                 1k (+14-35% at 512, +17-24% causal at 1k, where block_n 96 reads 1-2% slower), block_n 112
+//                 past 4k (block_n 96 0-12% slower at 8k-16k but for head_dim 192 causal 8k, 4% faster). ALiBi
+//                 and dropout on block_n 112. H200, bf16, 16k tokens, head_dim 160 and 192 (step 78).
 //   head_dim 256: block_n 64, rescale after the wait (the early rescale measured 0-4% slower, the
 //                 overlapped tile boundaries 3-8% slower from 1k keys), with the slab epilogue
 //                 (+16-27% at 512 keys, epilogue.cuh); up to 1k keys with ping-pong (+1-2.5% at
@@ -228,11 +249,13 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
   // ALiBi: one kernel a head dim, the full softmax (not the optimistic one: the bias moves the rows' maxima
   // with the keys) on the tiles of its plain kernels without a mask (head_dim 128: the short-key kernel's).
   if (p.alibi_slopes)
-    return head_dim == 64 ? FwdKernel::kHdim64Alibi : head_dim == 128 ? FwdKernel::kHdim128Alibi : FwdKernel::kHdim256Alibi;
+    return of_head_dim(head_dim, {FwdKernel::kHdim64Alibi, FwdKernel::kHdim128Alibi, FwdKernel::kHdim192Alibi,
+                                  FwdKernel::kHdim256Alibi});
   // Dropout (not with ALiBi: sm90_supports): likewise, the full softmax, tiles from row 0 (no causal row shift:
   // dropout's 16 x 16 tiles, common/dropout.hpp, then fall whole in a warp's rows).
   if (p.dropout_p > 0.f)
-    return head_dim == 64 ? FwdKernel::kHdim64Dropout : head_dim == 128 ? FwdKernel::kHdim128Dropout : FwdKernel::kHdim256Dropout;
+    return of_head_dim(head_dim, {FwdKernel::kHdim64Dropout, FwdKernel::kHdim128Dropout, FwdKernel::kHdim192Dropout,
+                                  FwdKernel::kHdim256Dropout});
   if (head_dim == 64) {
     if (p.seqlen_q <= 128) return FwdKernel::kHdim64TwoWarpgroups;
     const Mask mask = mask_of(p);
@@ -251,6 +274,10 @@ inline FwdKernel fwd_kernel(const fa_params& p) {
     // Without a mask every tile sees every key: the last round's tiles split.
     if (equal_tasks(p) && p.seqlen_q > 2048 && p.seqlen_k > 2048) return FwdKernel::kHdim128LongNoMask;
     return equal_tasks(p) ? FwdKernel::kHdim128SerialSplit : FwdKernel::kHdim128Serial;
+  }
+  if (head_dim == 192) {
+    if (p.seqlen_k <= 512 || (p.causal && p.seqlen_k <= 1024)) return FwdKernel::kHdim192ShortKeys;
+    return p.seqlen_k <= 4096 ? FwdKernel::kHdim192 : FwdKernel::kHdim192LongKeys;
   }
   if (p.seqlen_k <= 1024) return FwdKernel::kHdim256ShortKeys;
   return !p.causal && p.seqlen_k > 8192 ? FwdKernel::kHdim256LongNoMask : FwdKernel::kHdim256;

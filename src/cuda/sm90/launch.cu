@@ -82,6 +82,9 @@ auto with_instance(const fa_params& p, F&& f, None&& none) {
 #if FLASHATTN_HDIM_128
     case 128: return call(std::integral_constant<int, 128>{});
 #endif
+#if FLASHATTN_HDIM_192
+    case 192: return call(std::integral_constant<int, 192>{});
+#endif
 #if FLASHATTN_HDIM_256
     case 256: return call(std::integral_constant<int, 256>{});
 #endif

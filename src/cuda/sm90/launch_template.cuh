@@ -284,6 +284,7 @@ auto with_fwd_config(const fa_params& p, F&& f) {
 #if FLASHATTN_SM90_DEV_CONFIG
   constexpr int kBlockN = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_BLOCK_N
                           : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_BLOCK_N
+                          : kHeadDim == 192 ? FLASHATTN_SM90_HDIM192_BLOCK_N
                                             : FLASHATTN_SM90_HDIM256_BLOCK_N;
   constexpr int kConsumers = kHeadDim == 64    ? FLASHATTN_SM90_HDIM64_CONSUMERS
                              : kHeadDim == 128 ? FLASHATTN_SM90_HDIM128_CONSUMERS

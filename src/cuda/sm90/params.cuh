@@ -122,14 +122,15 @@ constexpr int kTraceCtaBase = 8 * 4 * 64 * 16;
 
 // Dev switches that pin one tile configuration for every problem of a head dim (the per-problem
 // choice of launch_template.cuh is skipped when any of them is defined): block_n of head_dim 64
-// (128 or 192), 128 (128 or 176) and 256 (64 or 80), where the O rescale runs
+// (128 or 192), 128 (128 or 176), 192 (64 to 112) and 256 (64 or 80), where the O rescale runs
 // (Traits::kRescaleEarly), the overlapped tile boundaries (Traits::kTileOverlap), the consumer
 // warpgroups at head_dim 64 and 128 and, with 3, serial GEMMs (Traits::kSerial). dev/sm90/run.sh
 // builds its variants with them.
 #if defined(FLASHATTN_SM90_HDIM64_BLOCK_N) || defined(FLASHATTN_SM90_HDIM128_BLOCK_N) || \
-    defined(FLASHATTN_SM90_HDIM256_BLOCK_N) || defined(FLASHATTN_SM90_RESCALE_EARLY) ||     \
-    defined(FLASHATTN_SM90_TILE_OVERLAP) || defined(FLASHATTN_SM90_HDIM64_CONSUMERS) ||      \
-    defined(FLASHATTN_SM90_HDIM128_CONSUMERS) || defined(FLASHATTN_SM90_SERIAL)
+    defined(FLASHATTN_SM90_HDIM192_BLOCK_N) || defined(FLASHATTN_SM90_HDIM256_BLOCK_N) ||   \
+    defined(FLASHATTN_SM90_RESCALE_EARLY) || defined(FLASHATTN_SM90_TILE_OVERLAP) ||         \
+    defined(FLASHATTN_SM90_HDIM64_CONSUMERS) || defined(FLASHATTN_SM90_HDIM128_CONSUMERS) || \
+    defined(FLASHATTN_SM90_SERIAL)
 #define FLASHATTN_SM90_DEV_CONFIG 1
 #ifndef FLASHATTN_SM90_HDIM64_CONSUMERS
 #define FLASHATTN_SM90_HDIM64_CONSUMERS 2
@@ -145,6 +146,9 @@ constexpr int kTraceCtaBase = 8 * 4 * 64 * 16;
 #endif
 #ifndef FLASHATTN_SM90_HDIM128_BLOCK_N
 #define FLASHATTN_SM90_HDIM128_BLOCK_N 176
+#endif
+#ifndef FLASHATTN_SM90_HDIM192_BLOCK_N
+#define FLASHATTN_SM90_HDIM192_BLOCK_N 112
 #endif
 #ifndef FLASHATTN_SM90_HDIM256_BLOCK_N
 #define FLASHATTN_SM90_HDIM256_BLOCK_N 64
@@ -249,6 +253,8 @@ constexpr int kMaxTailPieces = 8;
 //                 with serial GEMMs, block_n 128, 2 stages, 2 q (224 KB), O stored from registers;
 //                 long q and k without a mask: block_n 144, rescale after the wait, 2 q (208 KB).
 //                 (block_n 176, 1 q (208 KB) + slabs of 64 columns: a dev configuration now.)
+//   head_dim 192: block_n 64, 2 q (192 KB), staged epilogue; block_n 96, 1 q (192 KB) + slabs of 64
+//                 columns (16 KB); block_n 112, 1 q (216 KB), O stored from registers.
 //   head_dim 256: block_n 64, 2 stages, 1 q (192 KB) + the epilogue's slabs (32 KB); O alone is
 //                 128 registers a thread. Long non-causal: block_n 80 (224 KB, no slabs).
 // kRescaleEarly: the O rescale runs between the issue of S = q k^T and that of O += P v, while the
@@ -268,8 +274,10 @@ constexpr int kMaxTailPieces = 8;
 template <FwdConfig kConfig, bool kBf16_>
 struct Traits {
   static constexpr int kHeadDim = kConfig.head_dim;
-  // The least head_dim this kernel runs zero-padded (fwd_min_head_dim): O's columns below it need no guard.
-  static constexpr int kMinHeadDim = fwd_min_head_dim(kHeadDim);
+  // O's columns below it need no guard (stores_column): the least head_dim this kernel runs zero-padded
+  // (fwd_min_head_dim), but 136 at 256, where 200 made ptxas's code 2-3% slower at 4k-16k (docs/sm90.md, step 78);
+  // with 136 its PTX is that of the kernel before the kernel of 192.
+  static constexpr int kMinHeadDim = kHeadDim == 256 ? fwd_min_head_dim(192) : fwd_min_head_dim(kHeadDim);
   static constexpr bool kBf16 = kBf16_;
   static constexpr int kConsumerWarpgroups = kConfig.consumers;
   static constexpr int kBlockM = kConfig.block_m();
@@ -333,7 +341,7 @@ struct Traits {
   // The loads carry L2 eviction priorities: q evict_first (read once), k and v evict_last (read by
   // every tile of the head). Measured at head_dim 256: +3-6% causal at 512 keys, +1-3% at
   // 1k-4k, even elsewhere; at head_dim 64 and 128 even within the noise (docs/sm90.md, step 31).
-  static constexpr bool kL2Hints = FLASHATTN_SM90_L2_HINTS < 0 ? kHeadDim == 256 : FLASHATTN_SM90_L2_HINTS > 0;
+  static constexpr bool kL2Hints = FLASHATTN_SM90_L2_HINTS < 0 ? kHeadDim >= 192 : FLASHATTN_SM90_L2_HINTS > 0;
   // q (64 x head_dim of the warpgroup) in registers, head_dim / 4 a thread: S = q k^T then reads
   // only k from shared memory. Room for it: head_dim 128 with block_n up to 144 (O 64 + S 72 + P 36
   // + q 32 floats a thread; 160 spills and serializes the wgmma).
@@ -362,7 +370,7 @@ struct Traits {
   // columns at a time: 128, or 64 where 128 does not fit; 0: no room, stored from registers).
   static constexpr int kSmemTiles = kQStages * kQBytes + 2 * kStages * kKVBytes;
   static constexpr int kSlabBytesPerCol = 4 * kConsumerWarpgroups * 16 * 2;  // every consumer warp
-  static constexpr int kSlabWide = kHeadDim < 128 ? kHeadDim : 128;
+  static constexpr int kSlabWide = kHeadDim < 128 ? kHeadDim : kHeadDim % 128 == 0 ? 128 : 64;
   static constexpr int kSlabCols = !FLASHATTN_SM90_SLAB_EPILOGUE || kStagedEpilogue || kTileOverlap ? 0
                                    : kSmemTiles + kSlabWide * kSlabBytesPerCol <= kSmemLimit       ? kSlabWide
                                    : kSmemTiles + 64 * kSlabBytesPerCol <= kSmemLimit              ? 64
