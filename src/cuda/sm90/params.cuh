@@ -275,7 +275,7 @@ template <FwdConfig kConfig, bool kBf16_>
 struct Traits {
   static constexpr int kHeadDim = kConfig.head_dim;
   // O's columns below it need no guard (stores_column): the least head_dim this kernel runs zero-padded
-  // (fwd_min_head_dim), but 136 at 256, where 200 made ptxas's code 2-3% slower at 4k-16k (docs/sm90.md, step 78);
+  // (fwd_min_head_dim), but 136 at 256, where 200 made ptxas's code 2-4% slower at 4k-16k (docs/sm90.md, step 78);
   // with 136 its PTX is that of the kernel before the kernel of 192.
   static constexpr int kMinHeadDim = kHeadDim == 256 ? fwd_min_head_dim(192) : fwd_min_head_dim(kHeadDim);
   static constexpr bool kBf16 = kBf16_;
@@ -340,7 +340,8 @@ struct Traits {
                                                                                 : kConfig.q_after_kv_to;
   // The loads carry L2 eviction priorities: q evict_first (read once), k and v evict_last (read by
   // every tile of the head). Measured at head_dim 256: +3-6% causal at 512 keys, +1-3% at
-  // 1k-4k, even elsewhere; at head_dim 64 and 128 even within the noise (docs/sm90.md, step 31).
+  // 1k-4k, even elsewhere; at head_dim 64 and 128 even within the noise (docs/sm90.md, step 31); at 192
+  // (block_n 112) +2-14% at 4k-16k (step 78).
   static constexpr bool kL2Hints = FLASHATTN_SM90_L2_HINTS < 0 ? kHeadDim >= 192 : FLASHATTN_SM90_L2_HINTS > 0;
   // q (64 x head_dim of the warpgroup) in registers, head_dim / 4 a thread: S = q k^T then reads
   // only k from shared memory. Room for it: head_dim 128 with block_n up to 144 (O 64 + S 72 + P 36
