@@ -26,7 +26,9 @@ build_new_and_ctrl() {
 run_gpu_tests() {  # filter timeout
   local shards=${SHARDS:-8} i
   for ((i = 0; i < shards; ++i)); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$2" build/tests/flashattn_cuda_tests \
+    # The cores split among the shards (as scripts/gpu_run.sh does): OpenMP threads spinning past them slow the rest.
+    OMP_NUM_THREADS=$(($(nproc) / shards > 0 ? $(nproc) / shards : 1)) GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
+      timeout "$2" build/tests/flashattn_cuda_tests \
       --gtest_filter="$1" >"$OUT/tests-$i.log" 2>&1 &
   done
   wait

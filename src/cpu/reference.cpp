@@ -7,6 +7,7 @@
 //   element, else the keep scale; src/common/dropout.hpp), else Pd = P; O = Pd V
 //   backward: dV = Pd^T dO, dP = (dO V^T) * Z, dS = P * (dP - rowsum(P * dP)), dQ = dS K * scale',
 //   dK = dS^T Q * scale' (rowsum(P * dP) = rowsum(dO * O))
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -19,6 +20,8 @@
 
 namespace flashattn::cpu {
 namespace {
+
+constexpr int kRowBlock = 8;  // query rows that take each key in turn (O = P V and the backward's products)
 
 struct HeadProblem {
   const fa_params& p;
@@ -52,14 +55,13 @@ struct HeadProblem {
   // derivative dS/dS_raw per entry (the ALiBi bias is a constant).
   void scores(const std::vector<double>& q, const std::vector<double>& k, std::vector<double>& s,
               std::vector<double>* dcap) const {
-    const int sq = seq.seqlen_q, sk = seq.seqlen_k, d = p.head_dim;
+    const int sq = seq.seqlen_q, sk = seq.seqlen_k;
     s.assign(size_t(sq) * sk, -std::numeric_limits<double>::infinity());
     if (dcap) dcap->assign(size_t(sq) * sk, 0.0);
+    visible_dots(q, k, s);  // the raw dot products q_i . k_j
     for (int i = 0; i < sq; ++i) {
       for (int64_t j = mask.key_begin(i); j < mask.key_end(i); ++j) {
-        double acc = 0;
-        for (int c = 0; c < d; ++c) acc += q[size_t(i) * d + c] * k[size_t(j) * d + c];
-        double x = acc * scale;
+        double x = s[size_t(i) * sk + j] * scale;
         if (p.softcap > 0) {
           double t = std::tanh(x / p.softcap);
           x = p.softcap * t;
@@ -68,6 +70,44 @@ struct HeadProblem {
           (*dcap)[size_t(i) * sk + j] = scale;
         }
         s[size_t(i) * sk + j] = x - slope * double(mask.diagonal_distance(i, j));
+      }
+    }
+  }
+
+  // out_ij = a_i . b_j (rows of head_dim) where row i sees key j; out's other entries are left alone. Each sum
+  // runs over the columns in order, as a plain loop would, but a block of kRows rows and kCols keys at a time over
+  // b^T: the block's columns of b^T stay in cache and the keys' sums are independent (vector lanes, not one
+  // chain of dependent adds a dot product).
+  void visible_dots(const std::vector<double>& a, const std::vector<double>& b, std::vector<double>& out) const {
+    constexpr int kRows = 4, kCols = 128;
+    const int sq = seq.seqlen_q, sk = seq.seqlen_k, d = p.head_dim;
+    std::vector<double> bt(size_t(d) * sk);  // b^T: bt[c * sk + j]
+    for (int j = 0; j < sk; ++j)
+      for (int c = 0; c < d; ++c) bt[size_t(c) * sk + j] = b[size_t(j) * d + c];
+    double acc[kRows][kCols];
+    for (int j0 = 0; j0 < sk; j0 += kCols) {
+      const int cols = std::min(kCols, sk - j0);
+      for (int i0 = 0; i0 < sq; i0 += kRows) {
+        const int rows = std::min(kRows, sq - i0);
+        bool any = false;  // does a row of the block see a key of this block?
+        for (int r = 0; r < rows; ++r)
+          any |= mask.key_begin(i0 + r) < std::min<int64_t>(mask.key_end(i0 + r), j0 + cols) &&
+                 mask.key_end(i0 + r) > j0;
+        if (!any) continue;
+        for (int r = 0; r < rows; ++r) std::fill(acc[r], acc[r] + cols, 0.0);
+        for (int c = 0; c < d; ++c) {
+          const double* __restrict btc = &bt[size_t(c) * sk + j0];
+          for (int r = 0; r < rows; ++r) {
+            const double ac = a[size_t(i0 + r) * d + c];
+            double* __restrict accr = acc[r];
+            for (int jj = 0; jj < cols; ++jj) accr[jj] += ac * btc[jj];
+          }
+        }
+        for (int r = 0; r < rows; ++r) {
+          const int i = i0 + r;
+          const int64_t jb = std::max<int64_t>(mask.key_begin(i), j0), je = std::min<int64_t>(mask.key_end(i), j0 + cols);
+          for (int64_t j = jb; j < je; ++j) out[size_t(i) * sk + j] = acc[r][j - j0];
+        }
       }
     }
   }
@@ -114,19 +154,26 @@ Status reference_forward(const fa_params& p) {
     std::vector<double> s;
     hp.scores(q, k, s, nullptr);
     auto lse = hp.softmax(s);
+    // O = P V (with dropout P Z), kRowBlock rows at a time: each v_j serves the block's rows while it is in cache,
+    // and each O_ic still sums over j in order.
     auto o = o_ref(p);
-    std::vector<double> orow(d);
-    for (int i = 0; i < sq; ++i) {
-      std::fill(orow.begin(), orow.end(), 0.0);
-      for (int j = 0; j < sk; ++j) {
-        double pij = s[size_t(i) * sk + j];
-        if (pij == 0) continue;
-        pij *= hp.keep(i, j);
-        for (int c = 0; c < d; ++c) orow[c] += pij * v[size_t(j) * d + c];
+    std::vector<double> oblk(size_t(kRowBlock) * d);
+    for (int i0 = 0; i0 < sq; i0 += kRowBlock) {
+      const int rows = std::min(kRowBlock, sq - i0);
+      std::fill(oblk.begin(), oblk.end(), 0.0);
+      for (int j = 0; j < sk; ++j)
+        for (int r = 0; r < rows; ++r) {
+          double pij = s[size_t(i0 + r) * sk + j];
+          if (pij == 0) continue;
+          pij *= hp.keep(i0 + r, j);
+          for (int c = 0; c < d; ++c) oblk[size_t(r) * d + c] += pij * v[size_t(j) * d + c];
+        }
+      for (int r = 0; r < rows; ++r) {
+        const int i = i0 + r;
+        int64_t off = row_offset(p, o, hp.seq, true, i, h);
+        for (int c = 0; c < d; ++c) store_element(p.o, off + c, float(oblk[size_t(r) * d + c]), p.dtype);
+        if (p.lse) p.lse[lse_index(p, hp.seq, i, h)] = float(lse[i]);
       }
-      int64_t off = row_offset(p, o, hp.seq, true, i, h);
-      for (int c = 0; c < d; ++c) store_element(p.o, off + c, float(orow[c]), p.dtype);
-      if (p.lse) p.lse[lse_index(p, hp.seq, i, h)] = float(lse[i]);
     }
   });
   return {};
@@ -151,31 +198,42 @@ Status reference_backward(const fa_params& p) {
         std::vector<double> s, dcap;
         hp.scores(q, k, s, &dcap);
         hp.softmax(s);  // s now holds P
-        std::vector<double> dq(size_t(sq) * d, 0.0);
-        for (int i = 0; i < sq; ++i) {
-          // dP_ij = dO_i . V_j ; D_i = sum_j P_ij dP_ij ; dS_ij = P_ij (dP_ij - D_i)
-          std::vector<double> dp(sk, 0.0), z(sk, 1.0);  // z: dropout's factors of the row (1 without)
-          double D = 0;
-          for (int j = 0; j < sk; ++j) {
-            double pij = s[size_t(i) * sk + j];
-            if (pij == 0) continue;
-            double acc = 0;
-            for (int c = 0; c < d; ++c) acc += dout[size_t(i) * d + c] * v[size_t(j) * d + c];
-            z[j] = hp.keep(i, j);
-            dp[j] = acc * z[j];
-            D += pij * dp[j];
-          }
-          for (int j = 0; j < sk; ++j) {
-            double pij = s[size_t(i) * sk + j];
-            if (pij == 0) continue;
-            double ds = pij * (dp[j] - D) * dcap[size_t(i) * sk + j];  // chain through softcap and scale
-            const double pdij = pij * z[j];
-            for (int c = 0; c < d; ++c) {
-              dv[size_t(j) * d + c] += pdij * dout[size_t(i) * d + c];
-              dq[size_t(i) * d + c] += ds * k[size_t(j) * d + c];
-              dk[size_t(j) * d + c] += ds * q[size_t(i) * d + c];
+        std::vector<double> dov(size_t(sq) * sk);  // dO_i . V_j where row i sees key j
+        hp.visible_dots(dout, v, dov);
+        std::vector<double> dq(size_t(sq) * d, 0.0), ds(size_t(kRowBlock) * sk), pd(size_t(kRowBlock) * sk);
+        for (int i0 = 0; i0 < sq; i0 += kRowBlock) {
+          const int rows = std::min(kRowBlock, sq - i0);
+          for (int r = 0; r < rows; ++r) {
+            const int i = i0 + r;
+            // dP_ij = dO_i . V_j ; D_i = sum_j P_ij dP_ij ; dS_ij = P_ij (dP_ij - D_i)
+            std::vector<double> dp(sk, 0.0), z(sk, 1.0);  // z: dropout's factors of the row (1 without)
+            double D = 0;
+            for (int j = 0; j < sk; ++j) {
+              double pij = s[size_t(i) * sk + j];
+              if (pij == 0) continue;
+              z[j] = hp.keep(i, j);
+              dp[j] = dov[size_t(i) * sk + j] * z[j];
+              D += pij * dp[j];
+            }
+            for (int j = 0; j < sk; ++j) {
+              double pij = s[size_t(i) * sk + j];
+              ds[size_t(r) * sk + j] = pij * (dp[j] - D) * dcap[size_t(i) * sk + j];  // through softcap and scale
+              pd[size_t(r) * sk + j] = pij * z[j];
             }
           }
+          // dV_j += Pd_ij dO_i, dQ_i += dS_ij K_j, dK_j += dS_ij Q_i: the block's rows take each key in turn, so k_j,
+          // dK_j and dV_j serve them while in cache (each sum still runs over i, or j, in order).
+          for (int j = 0; j < sk; ++j)
+            for (int r = 0; r < rows; ++r) {
+              const int i = i0 + r;
+              if (s[size_t(i) * sk + j] == 0) continue;
+              const double dsij = ds[size_t(r) * sk + j], pdij = pd[size_t(r) * sk + j];
+              for (int c = 0; c < d; ++c) {
+                dv[size_t(j) * d + c] += pdij * dout[size_t(i) * d + c];
+                dq[size_t(i) * d + c] += dsij * k[size_t(j) * d + c];
+                dk[size_t(j) * d + c] += dsij * q[size_t(i) * d + c];
+              }
+            }
         }
         auto dqr = dq_ref(p);
         for (int i = 0; i < sq; ++i) {

@@ -296,7 +296,13 @@ std::string check_lse(const Problem& pr, const std::vector<float>& lse, const st
   for (int b = 0; b < nbatch; ++b) {
     SeqRange s = pr.seq(b);
     flashattn::Mask mask(int32_t(s.seqlen_q), int32_t(s.seqlen_k), pr.c.causal, pr.c.window_left, pr.c.window_right);
+    // |k_j| of every key of every kv head, once (a row takes the largest of those it sees).
+    std::vector<double> k_norms(size_t(nhk * s.seqlen_k));
+    for (int hk = 0; hk < nhk; ++hk)
+      for (int64_t j = 0; j < s.seqlen_k; ++j)
+        k_norms[size_t(hk * s.seqlen_k + j)] = norm(&pr.kf[row_base(s.bk, pr.rows_k, s.k_start + j, nhk, hk, d)], d);
     for (int h = 0; h < nh; ++h) {
+      const double* head_k_norms = &k_norms[size_t(h / group * s.seqlen_k)];
       for (int64_t i = 0; i < s.seqlen_q; ++i) {
         const int64_t li = pr.lse_index(s.bq, h, s.q_start + i);
         const float got = lse[size_t(li)], want = ref_lse[size_t(li)];
@@ -319,8 +325,7 @@ std::string check_lse(const Problem& pr, const std::vector<float>& lse, const st
         }
         const int64_t kb = mask.key_begin(i), ke = mask.key_end(i);
         double kn = 0;
-        for (int64_t j = kb; j < ke; ++j)
-          kn = std::max(kn, norm(&pr.kf[row_base(s.bk, pr.rows_k, s.k_start + j, nhk, h / group, d)], d));
+        for (int64_t j = kb; j < ke; ++j) kn = std::max(kn, head_k_norms[j]);
         const double a = pr.scale * norm(&pr.qf[qbase], d) * kn;  // >= |scale * q.k| for every visible key
         // ALiBi's bias adds up to slope times the farthest visible key's distance to |s|.
         const double bias = pr.alibi_slope(b, h) * double(std::max(mask.diagonal_distance(i, kb), mask.diagonal_distance(i, ke - 1)));

@@ -15,6 +15,7 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kU32 = 1.f / (1 << 24);  // fp32 unit roundoff
+constexpr int kRowBlock = 8;              // query rows whose dot products are taken together (Head::row_dots)
 
 // One (sequence, query head): S, P and the softcap's tanh, all (seqlen_q, seqlen_k).
 struct Head {
@@ -49,24 +50,64 @@ struct Head {
   size_t qi(int64_t i) const { return size_t(((s.bq * pr.rows_q + s.q_start + i) * pr.c.num_heads + h) * d); }
   size_t ki(int64_t j) const { return size_t(((s.bk * pr.rows_k + s.k_start + j) * pr.c.num_heads_kv + hk) * d); }
 
+  // The head's rows of k or v (kf or vf) transposed: out[c * seqlen_k + j] = row j's column c.
+  std::vector<float> transposed(const std::vector<float>& kv) const {
+    const int64_t sk = s.seqlen_k;
+    std::vector<float> out(static_cast<size_t>(d * sk));
+    for (int64_t j = 0; j < sk; ++j)
+      for (int c = 0; c < d; ++c) out[size_t(c * sk + j)] = kv[ki(j) + size_t(c)];
+    return out;
+  }
+
+  // For rows i0 .. i0 + rows - 1 of a (q, or dO: qf or dof; r = i - i0), over the keys row i sees:
+  // dots[r * sk + j] = a_i . b_j and, where abs_dots is given, abs_dots[r * sk + j] = sum_c |a_ic b_jc|, each
+  // summed over c in order (the plain dot product, rounding for rounding), from b^T (bt[c * sk + j]): the keys'
+  // sums are independent, so they fill vector lanes instead of one chain of dependent adds a key, and a column
+  // of b^T serves every row of the block.
+  void row_dots(const std::vector<float>& a, int64_t i0, int rows, const float* bt, float* dots,
+                float* abs_dots = nullptr) const {
+    const int64_t sk = s.seqlen_k;
+    for (int r = 0; r < rows; ++r) {
+      const int64_t jb = mask.key_begin(i0 + r), je = std::max(jb, mask.key_end(i0 + r));
+      std::fill(dots + r * sk + jb, dots + r * sk + je, 0.f);
+      if (abs_dots) std::fill(abs_dots + r * sk + jb, abs_dots + r * sk + je, 0.f);
+    }
+    for (int c = 0; c < d; ++c) {
+      const float* __restrict btc = bt + c * sk;
+      for (int r = 0; r < rows; ++r) {
+        const float ac = a[qi(i0 + r) + size_t(c)];
+        float* __restrict acc = dots + r * sk;
+        const int64_t jb = mask.key_begin(i0 + r), je = mask.key_end(i0 + r);
+        if (abs_dots) {
+          float* __restrict acc_abs = abs_dots + r * sk;
+          for (int64_t j = jb; j < je; ++j) {
+            const float prod = ac * btc[j];
+            acc[j] += prod;
+            acc_abs[j] += std::fabs(prod);
+          }
+        } else {
+          for (int64_t j = jb; j < je; ++j) acc[j] += ac * btc[j];
+        }
+      }
+    }
+  }
+
   void forward() {
     const int64_t sq = s.seqlen_q, sk = s.seqlen_k;
     const float cap = pr.c.softcap;
     p.assign(size_t(sq * sk), 0.f);
     t.assign(size_t(sq * sk), 0.f);
     eps.assign(size_t(sq), 0.f);
-    std::vector<float> row(static_cast<size_t>(sk));
+    std::vector<float> row(static_cast<size_t>(sk)), kt = transposed(pr.kf);
+    std::vector<float> dots(static_cast<size_t>(kRowBlock * sk)), abs_dots(static_cast<size_t>(kRowBlock * sk));
     for (int64_t i = 0; i < sq; ++i) {
+      if (i % kRowBlock == 0)
+        row_dots(pr.qf, i, int(std::min<int64_t>(kRowBlock, sq - i)), kt.data(), dots.data(), abs_dots.data());
       std::fill(row.begin(), row.end(), kNegInf);
-      const float* q = &pr.qf[qi(i)];
       float dot_abs = 0.f, s_abs = 0.f;
       for (int64_t j = mask.key_begin(i); j < mask.key_end(i); ++j) {
-        const float* k = &pr.kf[ki(j)];
-        float acc = 0.f, acc_abs = 0.f;
-        for (int c = 0; c < d; ++c) {
-          acc += q[c] * k[c];
-          acc_abs += std::fabs(q[c] * k[c]);
-        }
+        const size_t rj = size_t((i % kRowBlock) * sk + j);
+        const float acc = dots[rj], acc_abs = abs_dots[rj];
         dot_abs = std::max(dot_abs, acc_abs * pr.scale);
         float x = r(acc * pr.scale);
         if (cap > 0.f) {
@@ -156,8 +197,11 @@ Outputs plain_backward(const Problem& pr) {
         // ((dot_err + eps_i) (|dP_ij| + |D_i|) + dD_i) P_ij |dcap| scale, where dD_i is D's error from
         // o rounded to the dtype; it flows into dq and dk like dS.
         std::vector<float> ds(size_t(sq * sk), 0.f), ds_err(size_t(sq * sk), 0.f), acc(static_cast<size_t>(d));
+        const std::vector<float> vt = hd.transposed(pr.vf);
+        std::vector<float> dov(static_cast<size_t>(kRowBlock * sk));  // dO_i . V_j of a block of rows
         for (int64_t i = 0; i < sq; ++i) {
           const float* dout = &pr.dof[hd.qi(i)];
+          if (i % kRowBlock == 0) hd.row_dots(pr.dof, i, int(std::min<int64_t>(kRowBlock, sq - i)), vt.data(), dov.data());
           // dP_ij = round(dO_i . V_j); D_i = sum_j P_ij dP_ij; dS_ij = round(P_ij (dP_ij - D_i))
           std::vector<float> dp(size_t(sk), 0.f), o(static_cast<size_t>(d), 0.f);
           float D = 0.f;
@@ -166,11 +210,8 @@ Outputs plain_backward(const Problem& pr) {
             if (pij == 0.f) continue;
             const float* v = &pr.vf[hd.ki(j)];
             const float zij = hd.z(i, j), pd = hd.r(pij * zij);
-            float a = 0.f;
-            for (int c = 0; c < d; ++c) {
-              a += dout[c] * v[c];
-              o[size_t(c)] += pd * v[c];
-            }
+            for (int c = 0; c < d; ++c) o[size_t(c)] += pd * v[c];
+            const float a = dov[size_t((i % kRowBlock) * sk + j)];
             dp[size_t(j)] = hd.r(hd.r(a) * zij);  // dropout's backward: the gradient of P dropped likewise
             D += pij * dp[size_t(j)];
           }
