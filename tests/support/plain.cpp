@@ -103,9 +103,9 @@ struct Head {
     for (int64_t i = 0; i < sq; ++i) {
       if (i % kRowBlock == 0)
         row_dots(pr.qf, i, int(std::min<int64_t>(kRowBlock, sq - i)), kt.data(), dots.data(), abs_dots.data());
-      std::fill(row.begin(), row.end(), kNegInf);
+      const int64_t kb = mask.key_begin(i), ke = mask.key_end(i);  // the keys row i sees; P is 0 at the others
       float dot_abs = 0.f, s_abs = 0.f;
-      for (int64_t j = mask.key_begin(i); j < mask.key_end(i); ++j) {
+      for (int64_t j = kb; j < ke; ++j) {
         const size_t rj = size_t((i % kRowBlock) * sk + j);
         const float acc = dots[rj], acc_abs = abs_dots[rj];
         dot_abs = std::max(dot_abs, acc_abs * pr.scale);
@@ -120,13 +120,13 @@ struct Head {
         s_abs = std::max(s_abs, std::fabs(x));
       }
       float m = kNegInf;
-      for (float x : row) m = std::max(m, x);
+      for (int64_t j = kb; j < ke; ++j) m = std::max(m, row[size_t(j)]);
       if (m == kNegInf) continue;  // fully masked row: P = 0
-      float l = 0.f;
-      for (float& x : row) l += (x = std::exp(x - m));
-      const float n = float(mask.key_end(i) - mask.key_begin(i));
+      float l = 0.f;  // the sum over the row's keys in order (a masked key's term, exp(-inf) = 0, adds nothing)
+      for (int64_t j = kb; j < ke; ++j) l += (row[size_t(j)] = std::exp(row[size_t(j)] - m));
+      const float n = float(ke - kb);
       eps[size_t(i)] = 4 * kU32 * (std::fabs(m + std::log(l)) + s_abs + std::sqrt(n) + std::sqrt(float(d)) * dot_abs);
-      for (int64_t j = 0; j < sk; ++j) p[size_t(i * sk + j)] = r(row[size_t(j)] / l);
+      for (int64_t j = kb; j < ke; ++j) p[size_t(i * sk + j)] = r(row[size_t(j)] / l);
     }
   }
 };
