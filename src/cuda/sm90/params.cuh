@@ -275,7 +275,7 @@ template <FwdConfig kConfig, bool kBf16_>
 struct Traits {
   static constexpr int kHeadDim = kConfig.head_dim;
   // O's columns below it need no guard (stores_column): the least head_dim this kernel runs zero-padded
-  // (fwd_min_head_dim), but 136 at 256, where 200 made ptxas's code 2-4% slower at 4k-16k (docs/sm90.md, step 78);
+  // (fwd_min_head_dim), but 136 at 256, where 200 made ptxas's code 1-3.5% slower (docs/sm90.md, step 78);
   // with 136 its PTX is that of the kernel before the kernel of 192.
   static constexpr int kMinHeadDim = kHeadDim == 256 ? fwd_min_head_dim(192) : fwd_min_head_dim(kHeadDim);
   static constexpr bool kBf16 = kBf16_;
