@@ -36,6 +36,7 @@ constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
 struct Config {
   int head_dim, d_pad, block_m, block_n, m_pad, num_m_blocks, num_n_blocks, group;
+  int m_lanes;  // block_m rounded up to whole vectors (m_pad: the transposed tiles' row stride, m_lanes or more)
   float scale, scale_log2, softcap;
   bool dropout;  // fa_params::dropout_p > 0
 };
@@ -123,7 +124,7 @@ void backward_block(const fa_params& p, const Config& c, Workspace& w, const Sha
     add_alibi_t(s_t, nv, rows, m_pad, n0, m0, mask, slope * kLog2e);
   }
   // P^T = exp2(x - lse * log2 e), 0 where masked or padded.
-  const bool masked = n0 < mask.key_begin(m0 + rows - 1) || n0 + nv > mask.key_end(m0) || rows < m_pad;
+  const bool masked = n0 < mask.key_begin(m0 + rows - 1) || n0 + nv > mask.key_end(m0) || rows < c.m_lanes;
   const vfloat mult = vbroadcast(multiplier), neg_inf = vbroadcast(kNegInf);
   for (int j = 0; j < nv; ++j) {
     float* srow = s_t + int64_t(j) * m_pad;
@@ -220,6 +221,7 @@ Status fa2_backward(const fa_params& p) {
   Config c;
   c.head_dim = p.head_dim;
   c.d_pad = int(round_up(p.head_dim, kLanes));
+//  if (c.d_pad % 128 == 0) c.d_pad += kLanes;  // EXPERIMENT
   // As in the forward, the rule's tiles get half of M; the other half holds the score tiles
   // (S / P and dP / dS, block_n x block_m fp32 each).
   const int64_t budget = p.cpu_cache_bytes > 0 ? p.cpu_cache_bytes : l2_cache_bytes();
@@ -234,7 +236,12 @@ Status fa2_backward(const fa_params& p) {
     const int64_t balanced = std::max<int64_t>((p.seqlen_k + want_blocks - 1) / want_blocks, 64);
     c.block_n = int(std::min<int64_t>(c.block_n, balanced));
   }
-  c.m_pad = int(round_up(c.block_m, kLanes));
+  c.m_lanes = int(round_up(c.block_m, kLanes));
+  // The transposed tiles' rows (q_t, do_t, S^T, dP^T: m_pad floats) one vector longer where they would be a
+  // multiple of 512 bytes: rows that far apart fall into the same few L1 sets and evict each other (head_dim 128
+  // and 256, block_m 128: the backward 1.21-1.26x and 1.39-1.42x faster; bench/results/cpu-bwd-stride-session68.txt).
+  // The extra lanes are padding like any other: zero q, dO columns, P = 0 (lse2 = +inf).
+  c.m_pad = c.m_lanes % 128 == 0 ? c.m_lanes + kLanes : c.m_lanes;
   c.num_m_blocks = (p.seqlen_q + c.block_m - 1) / c.block_m;
   c.num_n_blocks = (p.seqlen_k + c.block_n - 1) / c.block_n;
   c.group = p.num_heads / p.num_heads_kv;
