@@ -221,7 +221,6 @@ Status fa2_backward(const fa_params& p) {
   Config c;
   c.head_dim = p.head_dim;
   c.d_pad = int(round_up(p.head_dim, kLanes));
-//  if (c.d_pad % 128 == 0) c.d_pad += kLanes;  // EXPERIMENT
   // As in the forward, the rule's tiles get half of M; the other half holds the score tiles
   // (S / P and dP / dS, block_n x block_m fp32 each).
   const int64_t budget = p.cpu_cache_bytes > 0 ? p.cpu_cache_bytes : l2_cache_bytes();
