@@ -190,9 +190,12 @@ Status fa2_forward(const fa_params& p) {
   // (block_m x block_n fp32) lives in the same cache, so the tiles get half of it.
   const int64_t budget = p.cpu_cache_bytes > 0 ? p.cpu_cache_bytes : l2_cache_bytes();
   const BlockSizes bs = block_sizes(budget / 2, p.head_dim);
-  // Fewer query rows than the rule's B_r (decode: one): blocks of those rows, so that S^T's vector lanes (m_pad)
-  // are not mostly padding (one row in 64 lanes: the decode forward, 1 row over 8k-32k keys, ran 2.4x the time).
-  c.block_m = std::max(1, std::min(bs.block_r, p.seqlen_q));
+  // At least 64 rows where the rule's B_r = min(B_c, d) is fewer (head_dim below 64): S^T's rows then fill 4
+  // vectors or more, and each K, V block serves more rows (head_dim 16 1.28-1.52x faster, 32 1.02-1.08x;
+  // bench/results/cpu-small-head-dim-session68.txt). Fewer query rows than that (decode: one): blocks of those
+  // rows, so that S^T's vector lanes (m_pad) are not mostly padding (one row in 64 lanes: the decode forward, 1
+  // row over 8k-32k keys, ran 2.4x the time).
+  c.block_m = std::max(1, std::min(std::max(bs.block_r, 64), p.seqlen_q));
   c.block_n = bs.block_c;
   c.group = p.num_heads / p.num_heads_kv;
   // Grouped heads: with GQA and few query rows (decode) a kv head's query heads share one block, so that each
