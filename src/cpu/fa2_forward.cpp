@@ -191,18 +191,19 @@ Status fa2_forward(const fa_params& p) {
   const int64_t budget = p.cpu_cache_bytes > 0 ? p.cpu_cache_bytes : l2_cache_bytes();
   const BlockSizes bs = block_sizes(budget / 2, p.head_dim);
   // At least 64 rows where the rule's B_r = min(B_c, d) is fewer (head_dim below 64): S^T's rows then fill 4
-  // vectors or more, and each K, V block serves more rows (head_dim 16 1.28-1.52x faster, 32 1.02-1.08x;
+  // vectors or more, and each K, V block serves more rows (head_dim 16 1.28-1.54x faster, 32 1.02-1.10x;
   // bench/results/cpu-small-head-dim-session68.txt). Fewer query rows than that (decode: one): blocks of those
   // rows, so that S^T's vector lanes (m_pad) are not mostly padding (one row in 64 lanes: the decode forward, 1
   // row over 8k-32k keys, ran 2.4x the time).
-  c.block_m = std::max(1, std::min(std::max(bs.block_r, 64), p.seqlen_q));
+  const int block_rows = std::max(bs.block_r, 64);
+  c.block_m = std::max(1, std::min(block_rows, p.seqlen_q));
   c.block_n = bs.block_c;
   c.group = p.num_heads / p.num_heads_kv;
   // Grouped heads: with GQA and few query rows (decode) a kv head's query heads share one block, so that each
   // K, V block is read once for all of them and their rows fill the vector lanes (4 query heads a kv head, 1 row
   // over 8k-32k keys: 1.96-2.25x faster). Not with ALiBi or dropout (their slope and mask are per head).
   const bool grouped_heads =
-      c.group > 1 && p.seqlen_q * c.group <= bs.block_r && !p.alibi_slopes && !(p.dropout_p > 0.f);
+      c.group > 1 && p.seqlen_q * c.group <= block_rows && !p.alibi_slopes && !(p.dropout_p > 0.f);
   c.heads_per_block = grouped_heads ? c.group : 1;
   c.m_pad = int(round_up(int64_t(c.block_m) * c.heads_per_block, kLanes));
   c.num_m_blocks = (p.seqlen_q + c.block_m - 1) / c.block_m;

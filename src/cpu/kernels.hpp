@@ -268,26 +268,28 @@ inline void store_row_f32(void* dst, int64_t offset, int n, const float* in, fa_
   }
 }
 
-// Scratch blocks of 64-byte aligned memory, bytes a multiple of 64 (scratch.cpp): take one, give it back. A
-// thread keeps what it gave back (up to 256 MB) for its next takes, so repeated calls touch no fresh pages.
-void* scratch_take(size_t bytes);
-void scratch_give(void* block, size_t bytes);
+// Scratch blocks of 64-byte aligned memory, bytes a multiple of 64 (scratch.cpp): take one of at least `bytes`
+// (*capacity: its size, up to twice that), give it back with its capacity. A thread keeps what it gave back (up
+// to 256 MB) for its next takes, so repeated calls touch no fresh pages.
+void* scratch_take(size_t bytes, size_t* capacity);
+void scratch_give(void* block, size_t capacity);
 
 // 64-byte aligned fp32 scratch, zero-initialized unless `zero` is false (large buffers that the
 // threads fill themselves: their pages are then first touched in parallel, the first call).
 class Buffer {
  public:
   Buffer() = default;
-  explicit Buffer(int64_t n, bool zero = true)
-      : bytes_(size_t(round_up(std::max<int64_t>(n, 1) * int64_t(sizeof(float)), 64))),
-        ptr_(static_cast<float*>(scratch_take(bytes_))) {
-    if (zero) std::memset(ptr_, 0, bytes_);
+  explicit Buffer(int64_t n, bool zero = true) {
+    const size_t bytes = size_t(round_up(std::max<int64_t>(n, 1) * int64_t(sizeof(float)), 64));
+    ptr_ = static_cast<float*>(scratch_take(bytes, &capacity_));
+    if (zero) std::memset(ptr_, 0, bytes);
   }
-  Buffer(Buffer&& other) noexcept : bytes_(std::exchange(other.bytes_, 0)), ptr_(std::exchange(other.ptr_, nullptr)) {}
+  Buffer(Buffer&& other) noexcept
+      : capacity_(std::exchange(other.capacity_, 0)), ptr_(std::exchange(other.ptr_, nullptr)) {}
   Buffer& operator=(Buffer&& other) noexcept {
     if (this != &other) {
       release();
-      bytes_ = std::exchange(other.bytes_, 0);
+      capacity_ = std::exchange(other.capacity_, 0);
       ptr_ = std::exchange(other.ptr_, nullptr);
     }
     return *this;
@@ -299,10 +301,10 @@ class Buffer {
 
  private:
   void release() {
-    if (ptr_) scratch_give(ptr_, bytes_);
+    if (ptr_) scratch_give(ptr_, capacity_);
     ptr_ = nullptr;
   }
-  size_t bytes_ = 0;
+  size_t capacity_ = 0;  // the block's bytes (scratch_take)
   float* ptr_ = nullptr;
 };
 

@@ -31,7 +31,7 @@ thread_local Pool pool;
 
 }  // namespace
 
-void* scratch_take(size_t bytes) {
+void* scratch_take(size_t bytes, size_t* capacity) {
   // The smallest kept block that holds `bytes` and is at most twice as large.
   size_t best = pool.blocks.size();
   for (size_t i = 0; i < pool.blocks.size(); ++i) {
@@ -40,24 +40,26 @@ void* scratch_take(size_t bytes) {
   }
   if (best < pool.blocks.size()) {
     void* block = pool.blocks[best].second;
-    pool.held -= pool.blocks[best].first;
+    *capacity = pool.blocks[best].first;
+    pool.held -= *capacity;
     pool.blocks.erase(pool.blocks.begin() + std::ptrdiff_t(best));
     return block;
   }
   void* block = std::aligned_alloc(64, bytes);
   if (!block) throw std::bad_alloc();
+  *capacity = bytes;
   return block;
 }
 
-void scratch_give(void* block, size_t bytes) {
-  if (bytes > kMaxHeldBytes) {
+void scratch_give(void* block, size_t capacity) {
+  if (capacity > kMaxHeldBytes) {
     std::free(block);
     return;
   }
-  while (!pool.blocks.empty() && (pool.held + bytes > kMaxHeldBytes || pool.blocks.size() >= kMaxHeldBlocks))
+  while (!pool.blocks.empty() && (pool.held + capacity > kMaxHeldBytes || pool.blocks.size() >= kMaxHeldBlocks))
     pool.drop_oldest();
-  pool.blocks.emplace_back(bytes, block);
-  pool.held += bytes;
+  pool.blocks.emplace_back(capacity, block);
+  pool.held += capacity;
 }
 
 }  // namespace flashattn::cpu
