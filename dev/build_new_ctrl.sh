@@ -2,7 +2,7 @@
 # repository root with OUT set: prints the device and the control's commit, then builds side by side the working
 # tree with its GPU tests (build/) and the control's library (the sources in CTRL_SRC, default .ctrl: `git
 # archive` of the commit compared with, unpacked, its commit in .ctrl/REV; build-ctrl/, head dims
-# CTRL_HEAD_DIMS). Returns 1 when the tests did not build.
+# CTRL_HEAD_DIMS; none without CTRL_SRC). Returns 1 when the tests did not build.
 CTRL_SRC=${CTRL_SRC:-.ctrl}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader | tee "$OUT/device.txt"
@@ -12,7 +12,7 @@ build_new_and_ctrl() {
   (cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON -DFLASHATTN_TESTS=ON -DFLASHATTN_BENCH=OFF \
      >"$OUT/cmake-new.log" 2>&1 && cmake --build build -j 12 --target flashattn flashattn_cuda_tests >"$OUT/build-new.log" 2>&1
    echo "new build rc=$?") &
-  (cmake -S "$CTRL_SRC" -B build-ctrl -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+  [ -d "$CTRL_SRC" ] && (cmake -S "$CTRL_SRC" -B build-ctrl -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
      -DFLASHATTN_CUDA_HEAD_DIMS="$CTRL_HEAD_DIMS" -DFLASHATTN_TESTS=OFF -DFLASHATTN_BENCH=OFF >"$OUT/cmake-ctrl.log" 2>&1 &&
      cmake --build build-ctrl -j 4 --target flashattn >"$OUT/build-ctrl.log" 2>&1
    echo "ctrl build rc=$?") &

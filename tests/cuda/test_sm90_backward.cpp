@@ -1,7 +1,7 @@
 // The Hopper (wgmma) backward against the fp64 reference gradient with the anchor rule (3x): the
-// standard awkward-shape list in fp16 and bf16 restricted to the head dims it takes (33..128, padded
-// inside the kernel to 64 or 128), plus shapes with many k-blocks and q-blocks per CTA
-// (dQ really sums over CTAs; block_m 128 at head_dim 64, 64 at 128), GQA groups looped inside one
+// standard awkward-shape list in fp16 and bf16 restricted to the head dims it takes (33..128 and 193..256,
+// padded inside the kernel to 64, 128 or 256), plus shapes with many k-blocks and q-blocks per CTA
+// (dQ really sums over CTAs; block_m 128 at head_dim 64, 64 at 128 and 256), GQA groups looped inside one
 // CTA, causal with seqlen_q > seqlen_k, element-wise loads, softcap + varlen; and the
 // deterministic flag checked bit-for-bit. Skips without an sm_90 GPU.
 #include <gtest/gtest.h>
@@ -13,14 +13,14 @@ namespace {
 using fa_test::Case;
 using fa_test::make_case;
 
-bool hopper_head_dim(int d) { return d > 32 && d <= 128; }
+bool hopper_head_dim(int d) { return d > 32 && (d <= 128 || d > 192); }
 
 std::vector<Case> sm90_backward_cases() {
   std::vector<Case> out;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
     for (const Case& c : fa_test::standard_backward_cases(dt, 256))
       if (hopper_head_dim(c.head_dim)) out.push_back(c);
-    for (int d : {64, 96, 128}) {  // (96: the kernel of 128, zero-padded)
+    for (int d : {64, 96, 128, 256}) {  // (96: the kernel of 128, zero-padded; 256: the wide kernel)
       Case c = make_case(dt, 1, 300, 333, 4, 2, d);
       out.push_back(c);
       c.causal = true;
@@ -54,23 +54,33 @@ std::vector<Case> sm90_backward_cases() {
       if (hopper_head_dim(dc.head_dim) && dc.alibi == 0) out.push_back(dc);
     // Unmasked problems run the last wave's tasks in pieces (bwd_launch.cu, tail_split): on an H100 these 16
     // tasks run as 8 pieces each, which cross query heads and end in the partial last q-block.
-    for (int d : {64, 128}) out.push_back(make_case(dt, 1, 700, 1000, 8, 2, d));
+    for (int d : {64, 128, 256}) out.push_back(make_case(dt, 1, 700, 1000, 8, 2, d));
     Case c = make_case(dt, 2, 300, 77, 4, 4, 128);  // causal with seqlen_q > seqlen_k: fully masked rows
     c.causal = true;
     out.push_back(c);
     c = make_case(dt, 1, 260, 260, 8, 1, 64);  // MQA: one CTA sums dK, dV over 8 query heads
     c.window_left = 70, c.window_right = 0;
     out.push_back(c);
-    c = make_case(dt, 1, 1, 1, 2, 2, 128);  // one key
-    out.push_back(c);
-    c = make_case(dt, 1, 40, 0, 2, 2, 64);  // no keys: dq = 0
-    out.push_back(c);
-    for (int d : {40, 80, 96, 112}) {  // padded to the kernel head_dim
-      c = make_case(dt, 1, 150, 170, 2, 1, d);
-      c.causal = d == 40;
+    for (int d : {128, 256}) {
+      c = make_case(dt, 1, 1, 1, 2, 2, d);  // one key
       out.push_back(c);
     }
-    for (int d : {64, 128}) {  // (the producer warpgroup's cp.async paths; its K, V, dK, dV maps)
+    c = make_case(dt, 1, 300, 77, 4, 4, 256);  // causal with seqlen_q > seqlen_k at 256
+    c.causal = true;
+    out.push_back(c);
+    for (auto [sq, sk] : {std::pair{57, 91}, std::pair{91, 57}}) {  // a band on both sides, softcap, at 256
+      c = make_case(dt, 1, sq, sk, 2, 2, 256);
+      c.window_left = 16, c.window_right = 8, c.softcap = 3.f;
+      out.push_back(c);
+    }
+    c = make_case(dt, 1, 40, 0, 2, 2, 64);  // no keys: dq = 0
+    out.push_back(c);
+    for (int d : {40, 80, 96, 112, 200, 232}) {  // padded to the kernel head_dim
+      c = make_case(dt, 1, 150, 170, 2, 1, d);
+      c.causal = d == 40 || d == 200;
+      out.push_back(c);
+    }
+    for (int d : {64, 128, 256}) {  // (the producer warpgroup's cp.async paths; its K, V, dK, dV maps)
       c = make_case(dt, 1, 130, 140, 2, 2, d);  // strides not a multiple of 8: element-wise loads and stores
       c.row_padding = 3;
       out.push_back(c);
@@ -86,7 +96,7 @@ std::vector<Case> sm90_backward_cases() {
 std::vector<Case> sm90_deterministic_cases() {
   std::vector<Case> out;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       Case c = make_case(dt, 2, 256, 1000, 4, 2, d);
       c.deterministic = true;
       out.push_back(c);
@@ -95,7 +105,7 @@ std::vector<Case> sm90_deterministic_cases() {
       c.dropout_p = 0.2f, c.dropout_seed = 8;  // dropout's instance
       out.push_back(c);
     }
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       Case c = make_case(dt, 1, 1, 1, 4, 1, d);
       c.deterministic = true, c.causal = true, c.window_left = 100;
       c.seqlens_q = {700, 0, 300}, c.seqlens_k = {900, 50, 290};

@@ -125,14 +125,21 @@ constexpr BwdConfig bwd_config(int kernel_head_dim) {
 // dK, dV left by TMA (session 58, docs/sm90_bwd.md). producer_regs: the producer's setmaxnreg (24 at head_dim 64:
 // +1-7% over 40, session 59; 40 at 128, where 24 read 0.95-0.97).
 // It shares BwdParams, the workspace and the row kernels with the sm80 backward.
+// Head_dim 256 has a kernel of its own (src/cuda/sm90/bwd_wide_kernel.cuh, wide 1): dK, dV of 64 x 256 per
+// warpgroup do not fit registers, so its CTA owns 64 keys and its warpgroups split the products, not the keys
+// (warpgroup 0 computes S^T, P^T and dV, warpgroup 1 dP^T, dS^T and dK; each half of dQ).
 struct Sm90BwdConfig {
   int head_dim;
   int block_m;
-  int dq_stages;
-  int producer_regs;  // the producer's registers; the consumers get the rest (d64: 240, d128: 232)
+  int block_n;
+  int dq_stages;      // bwd_ws_kernel's dQ staging tiles (the wide kernel stages dQ over its Q, dO stage)
+  int producer_regs;  // the producer's registers; the consumers get the rest (d64: 240, d128: 232, d256: 224)
+  int wide;           // 1: bwd_wide_kernel, 0: bwd_ws_kernel
 };
-constexpr Sm90BwdConfig kSm90BwdConfigs[] = {{64, 128, 1, 24}, {128, 64, 2, 40}};
-constexpr int kSm90BwdBlockN = 128;
+constexpr Sm90BwdConfig kSm90BwdConfigs[] = {
+    {64, 128, 128, 1, 24, 0}, {128, 64, 128, 2, 40, 0},
+    {256, 64, 64, 0, 56, 1},  // 56 + 2 x 224: no spills (bwd_wide_kernel.cuh, FLASHATTN_SM90_BWD_WIDE_RS_WAIT)
+};
 // A CTA's own cost in q-block iterations, in the last wave's split (bwd_tail_split.hpp): the sm80 2D kernel's
 // from session 19; the Hopper kernel's from session 59 (8 leaves 16-iteration tasks whole: d128 1k +1.5%
 // against 3, which split them in 3 pieces; even at 2k-16k, where both split; H200).
@@ -154,24 +161,26 @@ constexpr int kSm90BwdPersistentIters = FLASHATTN_SM90_BWD_PERSISTENT;
 constexpr int64_t kSm90BwdGroupRows = FLASHATTN_SM90_BWD_GROUP_ROWS;
 constexpr int kSm90BwdGroupMinBlocks = 8;
 
-// The Hopper kernel head_dim for head_dim: 64 for 33..64, 128 for 65..128 (zero-padded inside the kernel; 0: none).
+// The Hopper kernel head_dim for head_dim: 64 for 33..64, 128 for 65..128, 256 for 193..256 (zero-padded inside
+// the kernel; 0: none).
 // Head_dim 65..96 pads to 128 rather than run the sm80 kernel of 96: that read 188 TFLOP/s at 96 (H200, bf16,
 // 16k tokens) against 570 for the Hopper kernel at 128, which pays 4 / 3 the work at 96. Up to 32 the sm80
 // kernel of 32 stays (padding to 64 doubles the work and dQ's accumulator).
 constexpr int sm90_bwd_kernel_head_dim(int head_dim) {
-  return head_dim <= 32 ? 0 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 0;
+  return head_dim <= 32 ? 0 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 192 ? 0 : head_dim <= 256 ? 256 : 0;
 }
 
 // The Hopper kernel's configuration for this kernel head_dim, block_m 0 when it has none.
 constexpr Sm90BwdConfig sm90_bwd_config(int kernel_head_dim) {
   for (const Sm90BwdConfig& c : kSm90BwdConfigs)
     if (c.head_dim == kernel_head_dim) return c;
-  return {kernel_head_dim, 0, 0, 0};
+  return {kernel_head_dim, 0, 0, 0, 0, 0};
 }
 static_assert(sm90_bwd_kernel_head_dim(32) == 0 && sm90_bwd_kernel_head_dim(33) == 64 &&
                   sm90_bwd_kernel_head_dim(65) == 128 && sm90_bwd_kernel_head_dim(128) == 128 &&
-                  sm90_bwd_kernel_head_dim(129) == 0 && sm90_bwd_config(64).block_m > 0 &&
-                  sm90_bwd_config(128).block_m > 0,
+                  sm90_bwd_kernel_head_dim(129) == 0 && sm90_bwd_kernel_head_dim(193) == 256 &&
+                  sm90_bwd_kernel_head_dim(257) == 0 && sm90_bwd_config(64).block_m > 0 &&
+                  sm90_bwd_config(128).block_m > 0 && sm90_bwd_config(256).block_m > 0,
               "every Hopper kernel head_dim has its configuration");
 
 // What the three backward kernels read. Strides are in elements, 64-bit.

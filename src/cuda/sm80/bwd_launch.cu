@@ -1,7 +1,7 @@
 // Entry points of the backward, both families: the workspace size and the dispatch from (dtype,
 // head_dim) to the instantiation built in sm80/bwd_hdim<N>_<dtype>.cu or, for the Hopper main kernel
-// (head dims 64 and 128), sm90/bwd_hdim<N>_<dtype>.cu (pruned by FLASHATTN_CUDA_HEAD_DIMS). Both take
-// the same BwdParams and workspace; only block_m (the deterministic semaphores) differs.
+// (head dims 64, 128 and 256), sm90/bwd_hdim<N>_<dtype>.cu (pruned by FLASHATTN_CUDA_HEAD_DIMS). Both take
+// the same BwdParams and workspace; only block_m (the deterministic semaphores) and block_n differ.
 //
 // Workspace (each part 256-byte aligned), all of it O(seqlen_q), none O(seqlen_q * seqlen_k):
 //   D = rowsum(dO * O)   fp32 (num_heads, rows_q)
@@ -46,6 +46,9 @@ constexpr BwdKernels kSm90BwdKernels[] = {
 #endif
 #if FLASHATTN_HAVE_SM90 && defined(FLASHATTN_HDIM_128)
     {128, &cuda::sm90::run_bwd<__half, 128>, &cuda::sm90::run_bwd<__nv_bfloat16, 128>},
+#endif
+#if FLASHATTN_HAVE_SM90 && defined(FLASHATTN_HDIM_256)
+    {256, &cuda::sm90::run_bwd<__half, 256>, &cuda::sm90::run_bwd<__nv_bfloat16, 256>},
 #endif
     {0, nullptr, nullptr},
 };
@@ -100,7 +103,7 @@ BwdWorkspace workspace_layout(const fa_params& p, bool hopper, int num_sms) {
   w.rows_q = is_varlen(p) ? p.total_q : int64_t(p.batch) * p.seqlen_q;
   w.num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
   w.num_semaphores = p.deterministic ? p.batch * p.num_heads * w.num_m_blocks * split_d : 0;
-  w.block_n = hopper ? kSm90BwdBlockN : c.block_n;
+  w.block_n = hopper ? sm90_bwd_config(w.kernel_head_dim).block_n : c.block_n;
   w.tail = tail_split(p, block_m, w.block_n, hopper || c.layout == 1, num_sms,
                       hopper ? kSm90BwdPieceCost : kBwdPieceCost);
   w.persistent_ctas = hopper && num_sms > 0 && persistent_tasks(p, block_m, kSm90BwdPersistentIters) ? num_sms : 0;
@@ -149,7 +152,7 @@ Status backward(const fa_params& p, bool hopper) {
     return unsupported("%s backward supports fp16 and bf16 (got %s)", name, fa_dtype_name(p.dtype));
   const BwdWorkspace w = workspace_layout(p, hopper);
   if (w.kernel_head_dim == 0 && hopper)
-    return unsupported("flashattn-sm90 backward: head_dim %d: it takes 33..128 (flashattn-sm80 1..256)", p.head_dim);
+    return unsupported("flashattn-sm90 backward: head_dim %d: it takes 33..128 and 193..256 (flashattn-sm80 1..256)", p.head_dim);
   if (w.kernel_head_dim == 0) return unsupported("%s backward: head_dim %d exceeds 256", name, p.head_dim);
   const RunBwd run = find_bwd(p, hopper);
   if (!run)

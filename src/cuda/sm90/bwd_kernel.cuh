@@ -46,7 +46,8 @@ namespace flashattn::cuda::sm90 {
 template <class T, int kHeadDim>
 struct BwdTraits {
   static constexpr sm80::Sm90BwdConfig kConfig = sm80::sm90_bwd_config(kHeadDim);
-  static constexpr int kBlockM = kConfig.block_m, kBlockN = sm80::kSm90BwdBlockN;
+  static constexpr int kBlockM = kConfig.block_m, kBlockN = kConfig.block_n;
+  static_assert(kConfig.wide == 0 && kBlockN == 128, "two warpgroups of 64 keys");
   static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   // The consumers (the products, the softmax gradient, dQ staged) and a producer warpgroup of four warps,
   // each one job: Q, dO (by TMA from lane 0, or cp.async where TMA cannot); lse, D; the dQ reductions (lane

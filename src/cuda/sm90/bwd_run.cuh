@@ -6,15 +6,29 @@
 
 #include "cuda/common.cuh"
 #include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/bwd_wide_kernel.cuh"
 
 namespace flashattn::cuda::sm90 {
 
 // The main kernel's launch. kDropout: dropout's instance, in a translation unit of its own
 // (bwd_hdim<N>_<dtype>_dropout.cu).
+// The kernel of the config's layout: warpgroups owning keys (bwd_ws_kernel) or splitting the products
+// (bwd_wide_kernel), and its traits.
+template <class T, int kHeadDim, bool kDropout, bool kWide = sm80::sm90_bwd_config(kHeadDim).wide != 0>
+struct BwdKernel {
+  using Traits = BwdTraits<T, kHeadDim>;
+  static constexpr auto kernel = &bwd_ws_kernel<T, kHeadDim, kDropout>;
+};
+template <class T, int kHeadDim, bool kDropout>
+struct BwdKernel<T, kHeadDim, kDropout, true> {
+  using Traits = BwdWideTraits<T, kHeadDim>;
+  static constexpr auto kernel = &bwd_wide_kernel<T, kHeadDim, kDropout>;
+};
+
 template <class T, int kHeadDim, bool kDropout>
 Status launch_bwd_main(const sm80::BwdParams& bp, cudaStream_t stream) {
-  using Tr = BwdTraits<T, kHeadDim>;
-  constexpr auto kernel = &bwd_ws_kernel<T, kHeadDim, kDropout>;
+  using Tr = typename BwdKernel<T, kHeadDim, kDropout>::Traits;
+  constexpr auto kernel = BwdKernel<T, kHeadDim, kDropout>::kernel;
   FA_RETURN_IF_ERROR(opt_in_shared_memory<kernel>(Tr::kSmemBytes, "flashattn-sm90", "backward", kHeadDim));
   // One grid dimension of tasks (k-block, kv head, batch), the split ones as tail_pieces CTAs each.
   unsigned ctas = 0;
