@@ -17,7 +17,7 @@ EOT
 done
 # The Hopper backward: src/cuda/sm90/bwd_hdim<N>_<dtype>.cu (head dims of kSm90BwdConfigs) and its dropout
 # instance, src/cuda/sm90/bwd_hdim<N>_<dtype>_dropout.cu.
-for d in 64 128 256; do
+for d in 64 128 192 256; do
   for t in bf16 fp16; do
     if [ $t = bf16 ]; then c=__nv_bfloat16; else c=__half; fi
     for suffix in "" _dropout; do

@@ -1,7 +1,7 @@
 // The Hopper (wgmma) backward against the fp64 reference gradient with the anchor rule (3x): the
-// standard awkward-shape list in fp16 and bf16 restricted to the head dims it takes (33..128 and 193..256,
-// padded inside the kernel to 64, 128 or 256), plus shapes with many k-blocks and q-blocks per CTA
-// (dQ really sums over CTAs; block_m 128 at head_dim 64, 64 at 128 and 256), GQA groups looped inside one
+// standard awkward-shape list in fp16 and bf16 restricted to the head dims it takes (33..256, padded inside
+// the kernel to 64, 128, 192 or 256), plus shapes with many k-blocks and q-blocks per CTA
+// (dQ really sums over CTAs; block_m 128 at head_dim 64, 64 at 128 and up), GQA groups looped inside one
 // CTA, causal with seqlen_q > seqlen_k, element-wise loads, softcap + varlen; and the
 // deterministic flag checked bit-for-bit. Skips without an sm_90 GPU.
 #include <gtest/gtest.h>
@@ -13,14 +13,14 @@ namespace {
 using fa_test::Case;
 using fa_test::make_case;
 
-bool hopper_head_dim(int d) { return d > 32 && (d <= 128 || d > 192); }
+bool hopper_head_dim(int d) { return d > 32 && d <= 256; }
 
 std::vector<Case> sm90_backward_cases() {
   std::vector<Case> out;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
     for (const Case& c : fa_test::standard_backward_cases(dt, 256))
       if (hopper_head_dim(c.head_dim)) out.push_back(c);
-    for (int d : {64, 96, 128, 256}) {  // (96: the kernel of 128, zero-padded; 256: the wide kernel)
+    for (int d : {64, 96, 128, 192, 256}) {  // (96: the kernel of 128, zero-padded; 192, 256: the wide kernel)
       Case c = make_case(dt, 1, 300, 333, 4, 2, d);
       out.push_back(c);
       c.causal = true;
@@ -75,9 +75,9 @@ std::vector<Case> sm90_backward_cases() {
     }
     c = make_case(dt, 1, 40, 0, 2, 2, 64);  // no keys: dq = 0
     out.push_back(c);
-    for (int d : {40, 80, 96, 112, 200, 232}) {  // padded to the kernel head_dim
+    for (int d : {40, 80, 96, 112, 136, 160, 200, 232}) {  // padded to the kernel head_dim
       c = make_case(dt, 1, 150, 170, 2, 1, d);
-      c.causal = d == 40 || d == 200;
+      c.causal = d == 40 || d == 160 || d == 200;
       out.push_back(c);
     }
     for (int d : {64, 128, 256}) {  // (the producer warpgroup's cp.async paths; its K, V, dK, dV maps)
@@ -96,7 +96,7 @@ std::vector<Case> sm90_backward_cases() {
 std::vector<Case> sm90_deterministic_cases() {
   std::vector<Case> out;
   for (fa_dtype dt : {FA_FLOAT16, FA_BFLOAT16}) {
-    for (int d : {64, 128, 256}) {
+    for (int d : {64, 128, 192, 256}) {
       Case c = make_case(dt, 2, 256, 1000, 4, 2, d);
       c.deterministic = true;
       out.push_back(c);

@@ -125,7 +125,7 @@ constexpr BwdConfig bwd_config(int kernel_head_dim) {
 // dK, dV left by TMA (session 58, docs/sm90_bwd.md). producer_regs: the producer's setmaxnreg (24 at head_dim 64:
 // +1-7% over 40, session 59; 40 at 128, where 24 read 0.95-0.97).
 // It shares BwdParams, the workspace and the row kernels with the sm80 backward.
-// Head_dim 256 has a kernel of its own (src/cuda/sm90/bwd_wide_kernel.cuh, wide 1): dK, dV of 64 x 256 per
+// Head_dims 192 and 256 have a kernel of their own (src/cuda/sm90/bwd_wide_kernel.cuh, wide 1): dK, dV of 64 x 256 per
 // warpgroup do not fit registers, so its CTA owns 64 keys and its warpgroups split the products, not the keys
 // (warpgroup 0 computes S^T, P^T and dV, warpgroup 1 dP^T, dS^T and dK; each half of dQ).
 struct Sm90BwdConfig {
@@ -138,6 +138,7 @@ struct Sm90BwdConfig {
 };
 constexpr Sm90BwdConfig kSm90BwdConfigs[] = {
     {64, 128, 128, 1, 24, 0}, {128, 64, 128, 2, 40, 0},
+    {192, 64, 64, 0, 56, 1},
     {256, 64, 64, 0, 56, 1},  // 56 + 2 x 224: no spills (bwd_wide_kernel.cuh, FLASHATTN_SM90_BWD_WIDE_RS_WAIT)
 };
 // A CTA's own cost in q-block iterations, in the last wave's split (bwd_tail_split.hpp): the sm80 2D kernel's
@@ -161,13 +162,13 @@ constexpr int kSm90BwdPersistentIters = FLASHATTN_SM90_BWD_PERSISTENT;
 constexpr int64_t kSm90BwdGroupRows = FLASHATTN_SM90_BWD_GROUP_ROWS;
 constexpr int kSm90BwdGroupMinBlocks = 8;
 
-// The Hopper kernel head_dim for head_dim: 64 for 33..64, 128 for 65..128, 256 for 193..256 (zero-padded inside
-// the kernel; 0: none).
+// The Hopper kernel head_dim for head_dim: 64 for 33..64, 128 for 65..128, 192 for 129..192, 256 for 193..256
+// (zero-padded inside the kernel; 0: none).
 // Head_dim 65..96 pads to 128 rather than run the sm80 kernel of 96: that read 188 TFLOP/s at 96 (H200, bf16,
 // 16k tokens) against 570 for the Hopper kernel at 128, which pays 4 / 3 the work at 96. Up to 32 the sm80
 // kernel of 32 stays (padding to 64 doubles the work and dQ's accumulator).
 constexpr int sm90_bwd_kernel_head_dim(int head_dim) {
-  return head_dim <= 32 ? 0 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 192 ? 0 : head_dim <= 256 ? 256 : 0;
+  return head_dim <= 32 ? 0 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 192 ? 192 : head_dim <= 256 ? 256 : 0;
 }
 
 // The Hopper kernel's configuration for this kernel head_dim, block_m 0 when it has none.
@@ -178,9 +179,9 @@ constexpr Sm90BwdConfig sm90_bwd_config(int kernel_head_dim) {
 }
 static_assert(sm90_bwd_kernel_head_dim(32) == 0 && sm90_bwd_kernel_head_dim(33) == 64 &&
                   sm90_bwd_kernel_head_dim(65) == 128 && sm90_bwd_kernel_head_dim(128) == 128 &&
-                  sm90_bwd_kernel_head_dim(129) == 0 && sm90_bwd_kernel_head_dim(193) == 256 &&
+                  sm90_bwd_kernel_head_dim(129) == 192 && sm90_bwd_kernel_head_dim(193) == 256 &&
                   sm90_bwd_kernel_head_dim(257) == 0 && sm90_bwd_config(64).block_m > 0 &&
-                  sm90_bwd_config(128).block_m > 0 && sm90_bwd_config(256).block_m > 0,
+                  sm90_bwd_config(128).block_m > 0 && sm90_bwd_config(192).block_m > 0 && sm90_bwd_config(256).block_m > 0,
               "every Hopper kernel head_dim has its configuration");
 
 // What the three backward kernels read. Strides are in elements, 64-bit.

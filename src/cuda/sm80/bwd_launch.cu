@@ -1,6 +1,6 @@
 // Entry points of the backward, both families: the workspace size and the dispatch from (dtype,
 // head_dim) to the instantiation built in sm80/bwd_hdim<N>_<dtype>.cu or, for the Hopper main kernel
-// (head dims 64, 128 and 256), sm90/bwd_hdim<N>_<dtype>.cu (pruned by FLASHATTN_CUDA_HEAD_DIMS). Both take
+// (head dims 64, 128, 192 and 256), sm90/bwd_hdim<N>_<dtype>.cu (pruned by FLASHATTN_CUDA_HEAD_DIMS). Both take
 // the same BwdParams and workspace; only block_m (the deterministic semaphores) and block_n differ.
 //
 // Workspace (each part 256-byte aligned), all of it O(seqlen_q), none O(seqlen_q * seqlen_k):
@@ -46,6 +46,9 @@ constexpr BwdKernels kSm90BwdKernels[] = {
 #endif
 #if FLASHATTN_HAVE_SM90 && defined(FLASHATTN_HDIM_128)
     {128, &cuda::sm90::run_bwd<__half, 128>, &cuda::sm90::run_bwd<__nv_bfloat16, 128>},
+#endif
+#if FLASHATTN_HAVE_SM90 && defined(FLASHATTN_HDIM_192)
+    {192, &cuda::sm90::run_bwd<__half, 192>, &cuda::sm90::run_bwd<__nv_bfloat16, 192>},
 #endif
 #if FLASHATTN_HAVE_SM90 && defined(FLASHATTN_HDIM_256)
     {256, &cuda::sm90::run_bwd<__half, 256>, &cuda::sm90::run_bwd<__nv_bfloat16, 256>},
@@ -152,7 +155,7 @@ Status backward(const fa_params& p, bool hopper) {
     return unsupported("%s backward supports fp16 and bf16 (got %s)", name, fa_dtype_name(p.dtype));
   const BwdWorkspace w = workspace_layout(p, hopper);
   if (w.kernel_head_dim == 0 && hopper)
-    return unsupported("flashattn-sm90 backward: head_dim %d: it takes 33..128 and 193..256 (flashattn-sm80 1..256)", p.head_dim);
+    return unsupported("flashattn-sm90 backward: head_dim %d: it takes 33..256 (flashattn-sm80 1..256)", p.head_dim);
   if (w.kernel_head_dim == 0) return unsupported("%s backward: head_dim %d exceeds 256", name, p.head_dim);
   const RunBwd run = find_bwd(p, hopper);
   if (!run)

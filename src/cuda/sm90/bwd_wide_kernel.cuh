@@ -1,4 +1,4 @@
-// The Hopper backward for wide heads (head_dim 256): FA2's backward as in bwd_kernel.cuh (K/V blocks outer,
+// The Hopper backward for wide heads (head_dim 192 and 256): FA2's backward as in bwd_kernel.cuh (K/V blocks outer,
 // P recomputed from the LSE, dQ added in fp32 across CTAs), with the warpgroups splitting the products
 // instead of the keys. bwd_ws_kernel gives each consumer warpgroup 64 keys' dK and dV in registers, which at
 // head_dim 256 is 2 x 64 x 256 / 128 = 256 floats a thread: more than a thread has. Here a CTA owns a k-block
@@ -8,10 +8,10 @@
 //   P^T = exp(S^T - lse), G = P^T [* softcap']  -> G (fp32) to shared memory ->   dS^T = G * (dP^T - D)
 //   dV_j += P^T dO_i   (64 x d, k = 64)        dK_j += dS^T Q_i   (64 x d, k = 64)    A from registers
 //                                              dS^T -> shared memory (16-bit)
-//   dQ_i[:, 0 : d/2] = dS K_j                  dQ_i[:, d/2 : d] = dS K_j            (64 x d/2, k = 64 keys)
+//   dQ_i[:, 0 : 128] = dS K_j                  dQ_i[:, 128 : d] = dS K_j            (k = 64 keys)
 // so each thread keeps 128 floats of dV (warpgroup 0) or dK (warpgroup 1), and no product is computed twice.
-// dV's product runs on the tensor cores while warpgroup 1 computes dS^T. Shared memory: K_j, V_j (64 KB), two
-// stages of Q_i, dO_i (128 KB), dS^T (8 KB), G (16 KB), lse, D: 217 KB. dQ_i (64 x 256 fp32, 64 KB) has no room
+// dV's product runs on the tensor cores while warpgroup 1 computes dS^T. Shared memory at head_dim 256: K_j, V_j
+// (64 KB), two stages of Q_i, dO_i (128 KB), dS^T (8 KB), G (16 KB), lse, D: 217 KB. dQ_i (64 x 256 fp32) has no room
 // of its own: once both warpgroups are done with Q_i, dO_i it is staged over them, and the producer's bulk
 // reductions free the stage for Q_{i+2}, dO_{i+2}. The producer warpgroup (loads, reductions), the task loop,
 // masking, GQA loop, dropout, deterministic order and the last wave's pieces are bwd_ws_kernel's.
@@ -38,9 +38,11 @@ struct BwdWideTraits {
   static constexpr int kProducerRegs = kConfig.producer_regs;
   static constexpr int kConsumerRegs = (168 * 384 - kProducerRegs * 128) / kConsumerThreads / 8 * 8;
   static constexpr int kDim = kHeadDim, kHeadDimSteps = kHeadDim / 16;
-  static constexpr int kDqN = kHeadDim / 2;      // dQ_i's columns a warpgroup
+  // dQ_i's columns: warpgroup 0 the first kDqN0, warpgroup 1 the other kDqN1 (whole 64-column panels: a wgmma
+  // operand cannot start inside a swizzled row; 128 + 64 at head_dim 192).
+  static constexpr int kDqN0 = 128, kDqN1 = kHeadDim - kDqN0;
   static constexpr int kTiles = kBlockM / 8;     // n8 tiles of a thread's S^T or dP^T fragment
-  static_assert(kHeadDim % 128 == 0, "dQ_i's halves of whole 64-column panels");
+  static_assert(kHeadDim % 64 == 0 && kDqN1 > 0 && kDqN1 <= kDqN0, "head_dim 192 or 256");
   using TileKV = sm80::SmemTile<kBlockN, kHeadDim>;  // K_j, V_j: panels of [64 keys][64]
   using TileQ = sm80::SmemTile<kBlockM, kHeadDim>;   // Q_i, dO_i: panels of [64 queries][64]
   using TileDs = sm80::SmemTile<kBlockN, kBlockM>;   // dS^T: one panel [64 keys][64 queries]
@@ -164,12 +166,18 @@ __device__ __forceinline__ void wait_products(float (&acc)[Tr::kDim / 2], uint32
   for (int kk = 0; kk < Tr::kBlockM / 16; ++kk) fence_registers(a[kk]);
 }
 
-// This warpgroup's half of dQ_i = dS K_j (64 x d/2 from column k's panel, over the 64 keys), waited for with
+// The traits of a warpgroup's part of dQ_i, kN columns, for bwd_kernel.cuh's stage_dq and add_dq_ordered.
+template <class Tr, int kN>
+struct DqPart {
+  static constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kDim = Tr::kDim, kDqN = kN;
+};
+
+// This warpgroup's part of dQ_i = dS K_j (64 x kN from column k's panel, over the 64 keys), waited for with
 // every product (acc, a: fenced, read by the tensor cores until here).
-template <class Tr>
-__device__ __forceinline__ void dq_half_product(float (&acc_dq)[Tr::kDqN / 2], uint32_t ds, uint32_t k,
+template <class Tr, int kN>
+__device__ __forceinline__ void dq_part_product(float (&acc_dq)[kN / 2], uint32_t ds, uint32_t k,
                                                 float (&acc)[Tr::kDim / 2], uint32_t (&a)[Tr::kBlockM / 16][4]) {
-  using Mma = Wgmma<Tr::kDqN, Tr::kBf16>;
+  using Mma = Wgmma<kN, Tr::kBf16>;
   const SmemDesc desc_ds = mnmajor_desc(ds, Tr::kDsPanel), desc_k = mnmajor_desc(k, Tr::kKVPanel);
   wgmma_fence();
 #pragma unroll
@@ -355,7 +363,7 @@ __global__ void __launch_bounds__(384, 1)
   const int g = lane / 4, t = lane % 4;
   // This thread's rows: keys key_row (+ 8) of S^T or dP^T and of dV or dK; queries key_row (+ 8) of dQ_i, its
   // warpgroup's columns from dq_d0.
-  const int key_row = 16 * warp_in_wg + g, dq_d0 = Tr::kDqN * wg;
+  const int key_row = 16 * warp_in_wg + g, dq_d0 = Tr::kDqN0 * wg;
   const uint32_t a_kv = smem_addr(wg == 0 ? sm.k() : sm.v());  // S^T's A, or dP^T's
   const uint32_t k_dq = smem_addr(sm.k()) + (dq_d0 / 64) * Tr::kKVPanel;
   const uint32_t stage0 = smem_addr(sm.q(0)), ds_addr = smem_addr(sm.ds());
@@ -409,16 +417,21 @@ __global__ void __launch_bounds__(384, 1)
       if (FLASHATTN_SM90_BWD_WIDE_RS_WAIT) wait_products<Tr>(acc, a16);
       ConsumerSync::sync();  // dS^T stored
 
-      float acc_dq[Tr::kDqN / 2];
-      dq_half_product<Tr>(acc_dq, opaque(ds_addr), opaque(k_dq), acc, a16);
-      ConsumerSync::sync();  // both warpgroups done with Q_i, dO_i: the stage takes dQ_i
-
-      const int64_t ws0 = int64_t(cur.h) * p.rows_q + seq.ws_row + m0;
-      const int swz = sm80::dq_fragment_swizzle(ws0);
-      if (bulk_dq) stage_dq<Tr>(sm.dq(buf), key_row, dq_d0, t, swz, acc_dq);
-      else
-        add_dq_ordered<Tr>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block, p.dq_accum + ws0 * kHeadDim,
-                           seqlen_q - m0, key_row, dq_d0, t, swz, acc_dq, tid);
+      // This warpgroup's kN columns of dQ_i, staged over the stage once both are done with Q_i, dO_i, or added.
+      auto dq_part = [&](auto columns) {
+        constexpr int kN = decltype(columns)::value;
+        float acc_dq[kN / 2];
+        dq_part_product<Tr, kN>(acc_dq, opaque(ds_addr), opaque(k_dq), acc, a16);
+        ConsumerSync::sync();  // both warpgroups done with Q_i, dO_i: the stage takes dQ_i
+        const int64_t ws0 = int64_t(cur.h) * p.rows_q + seq.ws_row + m0;
+        const int swz = sm80::dq_fragment_swizzle(ws0);
+        if (bulk_dq) stage_dq<DqPart<Tr, kN>>(sm.dq(buf), key_row, dq_d0, t, swz, acc_dq);
+        else
+          add_dq_ordered<DqPart<Tr, kN>>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block,
+                                         p.dq_accum + ws0 * kHeadDim, seqlen_q - m0, key_row, dq_d0, t, swz, acc_dq, tid);
+      };
+      if (Tr::kDqN1 == Tr::kDqN0 || wg == 0) dq_part(std::integral_constant<int, Tr::kDqN0>{});
+      else dq_part(std::integral_constant<int, Tr::kDqN1>{});
       mbar_arrive(&dq_full[buf]);
       cur.advance();
     }
