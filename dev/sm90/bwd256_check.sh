@@ -3,7 +3,8 @@
 # with its GPU tests (and a control's library when CTRL_SRC exists, see dev/build_new_ctrl.sh), runs the GPU
 # backward cases of the kernel (TESTS), then times the backward at head_dim 256 through flashattn-sm80 and
 # flashattn-sm90 of the same library, bf16, 16k tokens, 8 heads, with cuDNN's backward (torch SDPA through
-# autograd) in the same rounds. Usage (repository root, GPU machine): OUT=$OUT bash dev/sm90/bwd256_check.sh
+# autograd) in the same rounds (SHAPES "d,causal,seqlen;..", LIBS name@impl=library,..); SANITIZE, DROPOUT_SHAPES:
+# below. Usage (repository root, GPU machine): OUT=$OUT bash dev/sm90/bwd256_check.sh
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/bwd256-check}
@@ -13,11 +14,23 @@ t0=$SECONDS
 build_new_and_ctrl || exit 1
 grep -h "spill" "$OUT/build-new.log" | grep "wide" | sort | uniq >"$OUT/spills.txt"
 cat "$OUT/spills.txt"
+(cd "$OUT" && tar czf builds.tgz cmake-*.log build-*.log && rm cmake-*.log build-*.log)  # 8 files come back
 run_gpu_tests "${TESTS:-*Sm90Backward*d256*:*Sm90Backward*d200*:*Sm90Backward*d232*}" "${TEST_TIMEOUT:-240}"
+# SANITIZE: a gtest filter run under compute-sanitizer memcheck and synccheck (SANITIZE_TIMEOUT s each).
+for tool in ${SANITIZE:+memcheck synccheck}; do
+  timeout "${SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool $tool --error-exitcode 9 build/tests/flashattn_cuda_tests \
+    --gtest_brief=1 --gtest_filter="$SANITIZE" >"$OUT/sanitize-$tool.log" 2>&1
+  echo "$tool rc=$? ($((SECONDS - t0)) s)"; tail -n 3 "$OUT/sanitize-$tool.log"
+done
 [ "${AB:-1}" = 1 ] || exit 0
 SHAPES=${SHAPES:-"256,0,1024;256,0,4096;256,0,16384;256,1,1024;256,1,4096;256,1,16384"}
 LIBS=${LIBS:-"sm80@flashattn-sm80=build/libflashattn.so,sm90@flashattn-sm90=build/libflashattn.so"}
 echo "## head_dim 256 backward: sm80 vs the wide sm90 kernel (cudnn: torch's cuDNN SDPA backward)"
 BWD=1 CUDNN=1 N=${N:-10} timeout "${AB_TIMEOUT:-200}" python3 dev/sm90/fwd_ab.py "$LIBS" "$SHAPES" 2>&1 |
   grep --line-buffered -v -i warn
+# DROPOUT_SHAPES: the backward with dropout 0.1 beside torch's SDPA flash backend (FlashAttention-2; ours: auto).
+if [ -n "${DROPOUT_SHAPES:-}" ]; then
+  echo "## with dropout 0.1 beside torch's SDPA flash backend (ours: auto)"
+  timeout 100 python3 dev/sm80fwd/dropout_ab.py build/libflashattn.so "$DROPOUT_SHAPES" 2>&1 | grep -v -i warn
+fi
 echo "total: $((SECONDS - t0)) s"

@@ -339,18 +339,35 @@ __device__ __forceinline__ void stage_dq(float* tile, int dq_row, int dq_d0, int
   sm80::fence_proxy_async_shared();
 }
 
-// Deterministic: dQ_i added by atomics in k-block order (the q-block's semaphore counts the k-blocks done);
-// acc_rows: its accumulator rows, valid rows m0 .. seqlen_q - 1.
+// Deterministic: dQ_i added by atomics in k-block order. DqTurn: the q-block's semaphore counts the k-blocks
+// done; wait() returns when this k-block's turn has come, done() passes it on (both: every consumer thread).
+struct DqTurn {
+  int32_t* semaphore;
+  int expected;
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ static DqTurn of(const sm80::BwdParams& p, const Mask& mask, int b, int h, int m_block,
+                                              int n_block) {
+    return {p.dq_semaphore + (int64_t(b) * p.num_heads + h) * p.num_m_blocks + m_block,
+            n_block - int(mask.key_begin(m_block * kBlockM) / kBlockN)};
+  }
+  __device__ __forceinline__ void wait(int tid) const {
+    if (tid == 0)
+      while (sm80::ld_acquire(semaphore) != expected) {
+      }
+    ConsumerSync::sync();
+  }
+  __device__ __forceinline__ void done(int tid) const {
+    __threadfence();
+    ConsumerSync::sync();
+    if (tid == 0) atomicAdd(semaphore, 1);
+  }
+};
+
+// This thread's dQ_i fragment added by atomics (in its turn): acc_rows, the q-block's accumulator rows, valid rows
+// m0 .. seqlen_q - 1.
 template <class Tr>
-__device__ __forceinline__ void add_dq_ordered(const sm80::BwdParams& p, const Mask& mask, int b, int h, int m_block,
-                                               int n_block, float* acc_rows, int rows_valid, int dq_row, int dq_d0,
-                                               int t, int swz, const float (&acc_dq)[Tr::kDqN / 2], int tid) {
-  int32_t* semaphore = p.dq_semaphore + (int64_t(b) * p.num_heads + h) * p.num_m_blocks + m_block;
-  const int expected = n_block - int(mask.key_begin(m_block * Tr::kBlockM) / Tr::kBlockN);
-  if (tid == 0)
-    while (sm80::ld_acquire(semaphore) != expected) {
-    }
-  ConsumerSync::sync();
+__device__ __forceinline__ void add_dq_atomics(float* acc_rows, int rows_valid, int dq_row, int dq_d0, int t, int swz,
+                                               const float (&acc_dq)[Tr::kDqN / 2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = dq_row + 8 * i;
@@ -360,9 +377,6 @@ __device__ __forceinline__ void add_dq_ordered(const sm80::BwdParams& p, const M
     for (int n = 0; n < Tr::kDqN / 8; ++n)
       sm80::atomic_add2(dst + ((dq_d0 + n * 8) ^ swz), acc_dq[4 * n + 2 * i], acc_dq[4 * n + 2 * i + 1]);
   }
-  __threadfence();
-  ConsumerSync::sync();
-  if (tid == 0) atomicAdd(semaphore, 1);
 }
 
 // dK_j * softmax_scale and dV_j * dv_scale (dropout's 1 / (1 - p), or 1) in the dtype: this thread's rows key_row,
@@ -674,8 +688,11 @@ __global__ void __launch_bounds__(384, 1)
         stage_dq<Tr>(sm.dq(stage), dq_row, dq_d0, t, swz, acc_dq);
         mbar_arrive(&dq_full[stage]);
       } else {
-        add_dq_ordered<Tr>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block, p.dq_accum + ws0 * kHeadDim,
-                           seqlen_q - m0, dq_row, dq_d0, t, swz, acc_dq, tid);
+        float* const dq_rows = p.dq_accum + ws0 * kHeadDim;
+        const DqTurn turn = DqTurn::of<kBlockM, Tr::kBlockN>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block);
+        turn.wait(tid);
+        add_dq_atomics<Tr>(dq_rows, seqlen_q - m0, dq_row, dq_d0, t, swz, acc_dq);
+        turn.done(tid);
       }
       cur.advance();
     }

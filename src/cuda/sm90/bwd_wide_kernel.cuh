@@ -25,6 +25,11 @@
 #ifndef FLASHATTN_SM90_BWD_WIDE_RS_WAIT
 #define FLASHATTN_SM90_BWD_WIDE_RS_WAIT 1
 #endif
+// Dev switch: warpgroup 1 issues dP^T after warpgroup 0 has issued S^T (1), or both at once (0). The tensor cores
+// take the products in issue order, so S^T is done first and P^T, G are computed while dP^T runs.
+#ifndef FLASHATTN_SM90_BWD_WIDE_ISSUE_ORDER
+#define FLASHATTN_SM90_BWD_WIDE_ISSUE_ORDER 1
+#endif
 
 namespace flashattn::cuda::sm90 {
 
@@ -83,8 +88,9 @@ struct BwdWideSmem {
   static_assert(kBar + Tr::kBarriers * 8 == Tr::kSmemBytes, "the layout of kSmemBytes");
 };
 
-// Warpgroup 0 hands G to warpgroup 1 on named barrier 2 (ConsumerSync is 1).
-constexpr int kGReadyBarrier = 2;
+// Warpgroup 0 hands G to warpgroup 1 on named barrier 2 (ConsumerSync is 1), and orders the issue of S^T before
+// dP^T on 3 (FLASHATTN_SM90_BWD_WIDE_ISSUE_ORDER). Neither runs ahead by an iteration: ConsumerSync follows both.
+constexpr int kGReadyBarrier = 2, kIssueOrderBarrier = 3;
 
 // acc (64 x 64) = A B^T over head_dim, A and B [64][head_dim] K-major in shared memory (S^T = K Q^T, dP^T = V dO^T).
 template <class Tr>
@@ -166,7 +172,7 @@ __device__ __forceinline__ void wait_products(float (&acc)[Tr::kDim / 2], uint32
   for (int kk = 0; kk < Tr::kBlockM / 16; ++kk) fence_registers(a[kk]);
 }
 
-// The traits of a warpgroup's part of dQ_i, kN columns, for bwd_kernel.cuh's stage_dq and add_dq_ordered.
+// The traits of a warpgroup's part of dQ_i, kN columns, for bwd_kernel.cuh's stage_dq and add_dq_atomics.
 template <class Tr, int kN>
 struct DqPart {
   static constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kDim = Tr::kDim, kDqN = kN;
@@ -388,7 +394,9 @@ __global__ void __launch_bounds__(384, 1)
       // S^T (warpgroup 0) or dP^T (1) once the q-block landed.
       mbar_wait(&q_full[buf], (itg >> 1) & 1);
       float sp[kBlockM / 2];
+      if (FLASHATTN_SM90_BWD_WIDE_ISSUE_ORDER && wg == 1) named_barrier_sync(kIssueOrderBarrier, Tr::kConsumerThreads);
       issue_kmajor_64x64<Tr>(sp, opaque(a_kv), wg == 0 ? q_buf : do_buf);
+      if (FLASHATTN_SM90_BWD_WIDE_ISSUE_ORDER && wg == 0) named_barrier_arrive(kIssueOrderBarrier, Tr::kConsumerThreads);
       uint32_t keep[kBlockM / 16];
       if constexpr (kDropout)
         dropout_keep<kBlockM / 8>(p.dropout, keep, w.task.b * p.num_heads + cur.h, m0 / 16, (n0 + key_row - g) / 16, g, t);
@@ -417,21 +425,28 @@ __global__ void __launch_bounds__(384, 1)
       if (FLASHATTN_SM90_BWD_WIDE_RS_WAIT) wait_products<Tr>(acc, a16);
       ConsumerSync::sync();  // dS^T stored
 
-      // This warpgroup's kN columns of dQ_i, staged over the stage once both are done with Q_i, dO_i, or added.
-      auto dq_part = [&](auto columns) {
-        constexpr int kN = decltype(columns)::value;
-        float acc_dq[kN / 2];
-        dq_part_product<Tr, kN>(acc_dq, opaque(ds_addr), opaque(k_dq), acc, a16);
+      // This warpgroup's columns of dQ_i (kDqN0 or kDqN1: two instances where they differ, the barriers outside
+      // them, each one instruction for every consumer thread), staged over the stage once both are done with
+      // Q_i, dO_i, or added in this k-block's turn.
+      float acc_dq[Tr::kDqN0 / 2];
+      auto& acc_dq1 = reinterpret_cast<float(&)[Tr::kDqN1 / 2]>(acc_dq[0]);
+      const bool part0 = Tr::kDqN1 == Tr::kDqN0 || wg == 0;
+      if (part0) dq_part_product<Tr, Tr::kDqN0>(acc_dq, opaque(ds_addr), opaque(k_dq), acc, a16);
+      else dq_part_product<Tr, Tr::kDqN1>(acc_dq1, opaque(ds_addr), opaque(k_dq), acc, a16);
+      const int64_t ws0 = int64_t(cur.h) * p.rows_q + seq.ws_row + m0;
+      const int swz = sm80::dq_fragment_swizzle(ws0);
+      if (bulk_dq) {
         ConsumerSync::sync();  // both warpgroups done with Q_i, dO_i: the stage takes dQ_i
-        const int64_t ws0 = int64_t(cur.h) * p.rows_q + seq.ws_row + m0;
-        const int swz = sm80::dq_fragment_swizzle(ws0);
-        if (bulk_dq) stage_dq<DqPart<Tr, kN>>(sm.dq(buf), key_row, dq_d0, t, swz, acc_dq);
-        else
-          add_dq_ordered<DqPart<Tr, kN>>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block,
-                                         p.dq_accum + ws0 * kHeadDim, seqlen_q - m0, key_row, dq_d0, t, swz, acc_dq, tid);
-      };
-      if (Tr::kDqN1 == Tr::kDqN0 || wg == 0) dq_part(std::integral_constant<int, Tr::kDqN0>{});
-      else dq_part(std::integral_constant<int, Tr::kDqN1>{});
+        if (part0) stage_dq<DqPart<Tr, Tr::kDqN0>>(sm.dq(buf), key_row, dq_d0, t, swz, acc_dq);
+        else stage_dq<DqPart<Tr, Tr::kDqN1>>(sm.dq(buf), key_row, dq_d0, t, swz, acc_dq1);
+      } else {
+        float* const dq_rows = p.dq_accum + ws0 * kHeadDim;
+        const DqTurn turn = DqTurn::of<kBlockM, Tr::kBlockN>(p, w.mask, w.task.b, cur.h, cur.m_block, w.task.n_block);
+        turn.wait(tid);
+        if (part0) add_dq_atomics<DqPart<Tr, Tr::kDqN0>>(dq_rows, seqlen_q - m0, key_row, dq_d0, t, swz, acc_dq);
+        else add_dq_atomics<DqPart<Tr, Tr::kDqN1>>(dq_rows, seqlen_q - m0, key_row, dq_d0, t, swz, acc_dq1);
+        turn.done(tid);
+      }
       mbar_arrive(&dq_full[buf]);
       cur.advance();
     }
