@@ -18,7 +18,8 @@ ImplLimits impl_limits(fa_impl impl) {
     case FA_IMPL_CPU_FA2: return {1024, true, true, true, true, true, true, true, true, true, true, true};
     case FA_IMPL_CUDA_STANDARD: return {256, true, true, true, false, false, false, false, false, false, false, false};
     case FA_IMPL_CUDA_SM80: return {256, false, true, true, true, false, true, true, true, true, true, true};
-    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false, false, true, false, true, false};
+    // ALiBi's backward: from head_dim 129, the kernels of 192 and 256 (sm90_bwd_kernel_head_dim, bwd_wide_kernel).
+    case FA_IMPL_CUDA_SM90: return {256, false, true, true, true, false, false, false, true, false, true, false, 129};
     default: return {0, false, false, false, false, false, false, false, false, false, false, false};
   }
 }
@@ -155,8 +156,13 @@ Status validate(const fa_params* pp, Pass pass, fa_impl impl) {
   }
   if (p.alibi_slopes) {
     if (!lim.alibi) return unsupported("alibi_slopes (ALiBi) is not supported by %s", fa_impl_name(impl));
-    if (pass == Pass::Backward && !lim.alibi_backward)
-      return unsupported("alibi_slopes (ALiBi): the backward pass of %s does not take it (its forward does)", fa_impl_name(impl));
+    if (pass == Pass::Backward && !lim.alibi_backward) {
+      if (lim.alibi_backward_from == 0)
+        return unsupported("alibi_slopes (ALiBi): the backward pass of %s does not take it (its forward does)", fa_impl_name(impl));
+      if (p.head_dim < lim.alibi_backward_from)
+        return unsupported("alibi_slopes (ALiBi): the backward pass of %s takes it from head_dim %d on (got %d; its "
+                           "forward at any)", fa_impl_name(impl), lim.alibi_backward_from, p.head_dim);
+    }
     if (p.alibi_slopes_batch_stride < 0)
       return invalid("alibi_slopes_batch_stride must be >= 0 (got %lld)", (long long)p.alibi_slopes_batch_stride);
     if (p.batch > 1 && p.alibi_slopes_batch_stride > 0 && p.alibi_slopes_batch_stride < p.num_heads)

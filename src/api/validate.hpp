@@ -34,6 +34,7 @@ struct ImplLimits {
   bool alibi_backward;  // ... and in the backward pass
   bool dropout;         // takes dropout (fa_params::dropout_p > 0), forward and backward
   bool dropout_alibi;   // ... together with ALiBi
+  int alibi_backward_from = 0;  // alibi_backward false: the backward takes ALiBi from this head_dim on (0: never)
 };
 
 ImplLimits impl_limits(fa_impl impl);

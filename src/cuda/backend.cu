@@ -34,8 +34,8 @@ int current_sm() {
 
 fa_impl best_impl(const fa_params& p, bool backward) {
   if (current_sm() != 90) return FA_IMPL_CUDA_SM80;
-  // ALiBi: the sm80 backward (the sm90 one does not take it).
-  if (backward) return sm90_backward_supports(p) && !p.alibi_slopes ? FA_IMPL_CUDA_SM90 : FA_IMPL_CUDA_SM80;
+  // ALiBi up to head_dim 128: the sm80 backward (the sm90 one takes it on its kernels of 192 and 256 only).
+  if (backward) return sm90_backward_supports(p) ? FA_IMPL_CUDA_SM90 : FA_IMPL_CUDA_SM80;
   // Head dims between the Hopper kernels' (64, 128, 192, 256) run them zero-padded: 1.26-3.2x the sm80 forward at
   // every multiple of 8 measured from 8 to 224 (H200, docs/sm90.md steps 77-78).
   if (!sm90_supports(p)) return FA_IMPL_CUDA_SM80;

@@ -35,7 +35,7 @@ Status sm90_forward(const fa_params& p);
 
 // Hopper backward: the sm80 backward with a wgmma main kernel for kernel head dims 64 and 128
 // (sm90/bwd_kernel.cuh), 192 and 256 (sm90/bwd_wide_kernel.cuh); sm80/bwd_launch.cu.
-// sm90_backward_supports: whether this build has one for p.
+// sm90_backward_supports: whether this build has one for p (with ALiBi: a wide kernel, head_dim 129..256).
 bool sm90_backward_supports(const fa_params& p);
 size_t sm90_backward_workspace(const fa_params& p);
 Status sm90_backward(const fa_params& p);

@@ -4,7 +4,10 @@
 // (dQ really sums over CTAs; block_m 128 at head_dim 64, 64 at 128 and up), GQA groups looped inside one
 // CTA, causal with seqlen_q > seqlen_k, element-wise loads, softcap + varlen; and the
 // deterministic flag checked bit-for-bit. Skips without an sm_90 GPU.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "support/harness.hpp"
 
@@ -49,7 +52,24 @@ std::vector<Case> sm90_backward_cases() {
       dr.seqlens_k = {9, 0, 300, 200}, dr.batch = 4, dr.seqlen_q = 130, dr.seqlen_k = 300;
       out.push_back(dr);
     }
-    // The shared dropout cases at the head dims it takes (not with ALiBi: those go to sm80).
+    // ALiBi on the kernels of 192 and 256 (bwd_wide_kernel; up to 128 ALiBi goes to sm80): the shared cases at
+    // those head dims, then one and per-sequence slopes with causal, windows, softcap, GQA, varlen.
+    for (Case a : fa_test::alibi_cases(dt, true)) {
+      a.head_dim = a.head_dim <= 64 ? 256 : 192;
+      out.push_back(a);
+    }
+    for (int d : {160, 256}) {
+      Case a = make_case(dt, 2, 1000, 1100, 8, 2, d);  // several q-blocks and k-blocks, GQA 4, causal
+      a.alibi = 2, a.alibi_max_slope = 0.5f, a.causal = true;
+      out.push_back(a);
+      a = make_case(dt, 1, 700, 1000, 8, 2, d);  // the last wave's pieces
+      a.alibi = 1, a.alibi_max_slope = 0.25f;
+      out.push_back(a);
+      a = make_case(dt, 1, 300, 333, 4, 1, d);
+      a.alibi = 1, a.window_left = 100, a.window_right = 30, a.softcap = 5.f, a.alibi_max_slope = 4.f;
+      out.push_back(a);
+    }
+    // The shared dropout cases at the head dims it takes (not with ALiBi: sm90 takes one or the other).
     for (const Case& dc : fa_test::dropout_cases(dt))
       if (hopper_head_dim(dc.head_dim) && dc.alibi == 0) out.push_back(dc);
     // Unmasked problems run the last wave's tasks in pieces (bwd_launch.cu, tail_split): on an H100 these 16
@@ -92,6 +112,38 @@ std::vector<Case> sm90_backward_cases() {
   return out;
 }
 
+// ALiBi's backward below head_dim 129 (bwd_ws_kernel): a clear error, not a wrong gradient.
+TEST(Sm90BackwardAlibi, RejectedBelowHeadDim129) {
+  if (!fa_test::hopper_present()) GTEST_SKIP() << "no sm_90 GPU";
+  constexpr int kRows = 16, kDim = 128, kTile = kRows * kDim * 2;
+  void* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, 8 * kTile + 2 * 256), cudaSuccess);
+  char* base = static_cast<char*>(buf);
+  fa_params p;
+  fa_params_init(&p);
+  p.dtype = FA_BFLOAT16, p.batch = 1, p.seqlen_q = kRows, p.seqlen_k = kRows, p.num_heads = 1, p.num_heads_kv = 1;
+  p.head_dim = kDim;
+  void** tensors[] = {(void**)&p.q, (void**)&p.k, (void**)&p.v, (void**)&p.o, (void**)&p.dout, &p.dq, &p.dk, &p.dv};
+  for (int i = 0; i < 8; ++i) *tensors[i] = base + i * kTile;
+  for (int64_t* st : {&p.q_row_stride, &p.k_row_stride, &p.v_row_stride, &p.o_row_stride, &p.do_row_stride,
+                      &p.dq_row_stride, &p.dk_row_stride, &p.dv_row_stride, &p.q_head_stride, &p.k_head_stride,
+                      &p.v_head_stride, &p.o_head_stride, &p.do_head_stride, &p.dq_head_stride, &p.dk_head_stride,
+                      &p.dv_head_stride})
+    *st = kDim;
+  for (int64_t* st : {&p.q_batch_stride, &p.k_batch_stride, &p.v_batch_stride, &p.o_batch_stride, &p.do_batch_stride,
+                      &p.dq_batch_stride, &p.dk_batch_stride, &p.dv_batch_stride})
+    *st = kRows * kDim;
+  p.lse = reinterpret_cast<float*>(base + 8 * kTile);
+  const float slope = 0.5f;
+  float* slopes = reinterpret_cast<float*>(base + 8 * kTile + 256);
+  ASSERT_EQ(cudaMemcpy(slopes, &slope, sizeof(slope), cudaMemcpyHostToDevice), cudaSuccess);
+  p.alibi_slopes = slopes;
+  EXPECT_EQ(fa_backward(&p, FA_IMPL_CUDA_SM90), FA_ERROR_UNSUPPORTED);
+  const std::string message = fa_last_error();
+  EXPECT_NE(message.find("from head_dim 129"), std::string::npos) << message;
+  cudaFree(buf);
+}
+
 // Deterministic mode: dQ sums over many k-blocks in a fixed order.
 std::vector<Case> sm90_deterministic_cases() {
   std::vector<Case> out;
@@ -102,6 +154,11 @@ std::vector<Case> sm90_deterministic_cases() {
       out.push_back(c);
       c.causal = true;
       out.push_back(c);
+      if (d > 128) {  // ALiBi (the wide kernel)
+        Case a = c;
+        a.alibi = 2;
+        out.push_back(a);
+      }
       c.dropout_p = 0.2f, c.dropout_seed = 8;  // dropout's instance
       out.push_back(c);
     }

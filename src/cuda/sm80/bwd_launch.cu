@@ -96,6 +96,9 @@ int family_kernel_head_dim(const fa_params& p, bool hopper) {
   return hopper ? sm90_bwd_kernel_head_dim(p.head_dim) : bwd_kernel_head_dim(p.head_dim);
 }
 
+// Whether the Hopper backward takes p's ALiBi: its wide kernel (192, 256) does, bwd_ws_kernel does not.
+bool hopper_alibi(const fa_params& p) { return sm90_bwd_config(sm90_bwd_kernel_head_dim(p.head_dim)).wide != 0; }
+
 // hopper: the layout for the sm90 main kernel (its block_m, no d split).
 BwdWorkspace workspace_layout(const fa_params& p, bool hopper, int num_sms) {
   BwdWorkspace w;
@@ -157,6 +160,10 @@ Status backward(const fa_params& p, bool hopper) {
   if (w.kernel_head_dim == 0 && hopper)
     return unsupported("flashattn-sm90 backward: head_dim %d: it takes 33..256 (flashattn-sm80 1..256)", p.head_dim);
   if (w.kernel_head_dim == 0) return unsupported("%s backward: head_dim %d exceeds 256", name, p.head_dim);
+  if (hopper && p.alibi_slopes && !hopper_alibi(p))
+    return unsupported("flashattn-sm90 backward: ALiBi at head_dim %d (it takes ALiBi from 129 on)", p.head_dim);
+  if (hopper && p.alibi_slopes && p.dropout_p > 0.f)
+    return unsupported("flashattn-sm90 backward: ALiBi with dropout (flashattn-sm80 takes both)");
   const RunBwd run = find_bwd(p, hopper);
   if (!run)
     return unsupported("%s backward: head_dim %d (kernel %d) was not built (FLASHATTN_CUDA_HEAD_DIMS)", name,
@@ -233,7 +240,9 @@ Status backward(const fa_params& p, bool hopper) {
 size_t sm80_backward_workspace(const fa_params& p) { return sm80::workspace_layout(p, false).total; }
 Status sm80_backward(const fa_params& p) { return backward(p, false); }
 
-bool sm90_backward_supports(const fa_params& p) { return find_bwd(p, true) != nullptr; }
+bool sm90_backward_supports(const fa_params& p) {
+  return find_bwd(p, true) != nullptr && (!p.alibi_slopes || sm80::hopper_alibi(p));
+}
 size_t sm90_backward_workspace(const fa_params& p) { return sm80::workspace_layout(p, true).total; }
 Status sm90_backward(const fa_params& p) { return backward(p, true); }
 

@@ -11,24 +11,27 @@
 namespace flashattn::cuda::sm90 {
 
 // The main kernel's launch. kDropout: dropout's instance, in a translation unit of its own
-// (bwd_hdim<N>_<dtype>_dropout.cu).
+// (bwd_hdim<N>_<dtype>_dropout.cu); kAlibi: ALiBi's (the wide kernel only; bwd_hdim<N>_<dtype>_alibi.cu).
 // The kernel of the config's layout: warpgroups owning keys (bwd_ws_kernel) or splitting the products
 // (bwd_wide_kernel), and its traits.
-template <class T, int kHeadDim, bool kDropout, bool kWide = sm80::sm90_bwd_config(kHeadDim).wide != 0>
+template <int kHeadDim>
+constexpr bool kWideBwd = sm80::sm90_bwd_config(kHeadDim).wide != 0;
+template <class T, int kHeadDim, bool kDropout, bool kAlibi, bool kWide = kWideBwd<kHeadDim>>
 struct BwdKernel {
+  static_assert(!kAlibi, "bwd_ws_kernel has no ALiBi instance");
   using Traits = BwdTraits<T, kHeadDim>;
   static constexpr auto kernel = &bwd_ws_kernel<T, kHeadDim, kDropout>;
 };
-template <class T, int kHeadDim, bool kDropout>
-struct BwdKernel<T, kHeadDim, kDropout, true> {
+template <class T, int kHeadDim, bool kDropout, bool kAlibi>
+struct BwdKernel<T, kHeadDim, kDropout, kAlibi, true> {
   using Traits = BwdWideTraits<T, kHeadDim>;
-  static constexpr auto kernel = &bwd_wide_kernel<T, kHeadDim, kDropout>;
+  static constexpr auto kernel = &bwd_wide_kernel<T, kHeadDim, kDropout, kAlibi>;
 };
 
-template <class T, int kHeadDim, bool kDropout>
+template <class T, int kHeadDim, bool kDropout, bool kAlibi = false>
 Status launch_bwd_main(const sm80::BwdParams& bp, cudaStream_t stream) {
-  using Tr = typename BwdKernel<T, kHeadDim, kDropout>::Traits;
-  constexpr auto kernel = BwdKernel<T, kHeadDim, kDropout>::kernel;
+  using Tr = typename BwdKernel<T, kHeadDim, kDropout, kAlibi>::Traits;
+  constexpr auto kernel = BwdKernel<T, kHeadDim, kDropout, kAlibi>::kernel;
   FA_RETURN_IF_ERROR(opt_in_shared_memory<kernel>(Tr::kSmemBytes, "flashattn-sm90", "backward", kHeadDim));
   // One grid dimension of tasks (k-block, kv head, batch), the split ones as tail_pieces CTAs each.
   unsigned ctas = 0;
@@ -65,18 +68,28 @@ Status launch_bwd_main(const sm80::BwdParams& bp, cudaStream_t stream) {
 template <class T, int kHeadDim>
 Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semaphores) {
   FA_RETURN_IF_ERROR((sm80::launch_bwd_preprocess<T, kHeadDim>(bp, stream, num_semaphores)));
-  if (bp.seqlen_k > 0)
-    FA_RETURN_IF_ERROR((bp.dropout.on() ? launch_bwd_main<T, kHeadDim, true>(bp, stream)
-                                        : launch_bwd_main<T, kHeadDim, false>(bp, stream)));
+  if (bp.seqlen_k > 0) {
+    if (bp.dropout.on()) {
+      FA_RETURN_IF_ERROR((launch_bwd_main<T, kHeadDim, true>(bp, stream)));
+    } else if (bp.alibi_slopes) {
+      if constexpr (!kWideBwd<kHeadDim>) return unsupported("flashattn-sm90 backward: ALiBi at head_dim %d", kHeadDim);
+      else FA_RETURN_IF_ERROR((launch_bwd_main<T, kHeadDim, false, true>(bp, stream)));
+    } else {
+      FA_RETURN_IF_ERROR((launch_bwd_main<T, kHeadDim, false>(bp, stream)));
+    }
+  }
   return sm80::launch_bwd_convert_dq<T, kHeadDim>(bp, stream);
 }
 
 // The explicit instantiations of one (dtype, head_dim): run_bwd in bwd_hdim<N>_<dtype>.cu, dropout's main kernel
-// in bwd_hdim<N>_<dtype>_dropout.cu.
-#define FLASHATTN_SM90_BWD_INSTANTIATE(T, D)                                                     \
-  extern template Status launch_bwd_main<T, D, true>(const sm80::BwdParams&, cudaStream_t);    \
+// in bwd_hdim<N>_<dtype>_dropout.cu, ALiBi's in bwd_hdim<N>_<dtype>_alibi.cu (the wide kernel's head dims).
+#define FLASHATTN_SM90_BWD_INSTANTIATE(T, D)                                                        \
+  extern template Status launch_bwd_main<T, D, true>(const sm80::BwdParams&, cudaStream_t);       \
+  extern template Status launch_bwd_main<T, D, false, true>(const sm80::BwdParams&, cudaStream_t); \
   template Status run_bwd<T, D>(const sm80::BwdParams&, cudaStream_t, int32_t);
 #define FLASHATTN_SM90_BWD_INSTANTIATE_DROPOUT(T, D) \
   template Status launch_bwd_main<T, D, true>(const sm80::BwdParams&, cudaStream_t);
+#define FLASHATTN_SM90_BWD_INSTANTIATE_ALIBI(T, D) \
+  template Status launch_bwd_main<T, D, false, true>(const sm80::BwdParams&, cudaStream_t);
 
 }  // namespace flashattn::cuda::sm90

@@ -14,7 +14,8 @@
 // (64 KB), two stages of Q_i, dO_i (128 KB), dS^T (8 KB), G (16 KB), lse, D: 217 KB. dQ_i (64 x 256 fp32) has no room
 // of its own: once both warpgroups are done with Q_i, dO_i it is staged over them, and the producer's bulk
 // reductions free the stage for Q_{i+2}, dO_{i+2}. The producer warpgroup (loads, reductions), the task loop,
-// masking, GQA loop, dropout, deterministic order and the last wave's pieces are bwd_ws_kernel's.
+// masking, GQA loop, dropout, deterministic order and the last wave's pieces are bwd_ws_kernel's; ALiBi is this
+// kernel's alone, in an instance of its own (bwd_ws_kernel leaves it to the sm80 backward).
 #pragma once
 
 #include "cuda/sm90/bwd_kernel.cuh"
@@ -106,12 +107,14 @@ __device__ __forceinline__ void issue_kmajor_64x64(float (&acc)[Tr::kBlockM / 2]
   wgmma_commit();
 }
 
-// Warpgroup 0's half of sm80::probs_and_grads: P^T = exp2(S^T * scale * log2 e - lse * log2 e) in place of s, and
-// G = P^T [* (1 - tanh^2) with softcap] to shared memory, one float4 a (warp, n8 tile, lane): the fragment
-// warpgroup 1's thread of the same warp and lane holds of dP^T. Masked elements: P = G = 0.
-template <bool kGeneral, int kTiles>
+// Warpgroup 0's half of sm80::probs_and_grads: P^T = exp2(S^T * scale * log2 e - bias - lse * log2 e) in place of
+// s, and G = P^T [* (1 - tanh^2) with softcap] to shared memory, one float4 a (warp, n8 tile, lane): the fragment
+// warpgroup 1's thread of the same warp and lane holds of dP^T. Masked elements: P = G = 0. bias: ALiBi's
+// slope * |diag - (row - col)| in log2 units (band's alibi fields), in kAlibi's general path only.
+template <bool kGeneral, int kTiles, bool kAlibi = false>
 __device__ __forceinline__ void probs_part(float (&s)[kTiles][4], float4* g_frag, const float* lse_cols,
                                            const sm80::BwdParams& p, const sm80::BandMask& band, bool masked) {
+  const float alibi_first = float(band.alibi_diag - band.row0 + band.col0);
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt) {
     const float2 l = *reinterpret_cast<const float2*>(lse_cols + nt * 8);
@@ -120,13 +123,15 @@ __device__ __forceinline__ void probs_part(float (&s)[kTiles][4], float4* g_frag
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int j = e & 1;
+      const float bias =
+          kGeneral && kAlibi ? band.alibi_slope_log2 * fabsf(alibi_first + float(nt * 8 + j - 8 * (e >> 1))) : 0.f;
       float pv, gv;
       if (kGeneral && p.softcap > 0.f) {
         const float th = cuda::softcap_tanh(s[nt][e] * p.softcap_inv);
-        pv = sm80::exp2_fast(p.softcap * sm80::kLog2e * th - lse_log2[j]);
+        pv = sm80::exp2_fast(p.softcap * sm80::kLog2e * th - bias - lse_log2[j]);
         gv = pv * (1.f - th * th);
       } else {
-        pv = gv = sm80::exp2_fast(s[nt][e] * p.scale_log2 - lse_log2[j]);
+        pv = gv = sm80::exp2_fast(s[nt][e] * p.scale_log2 - bias - lse_log2[j]);
       }
       if (kGeneral && masked && !band.visible(band.row0 + 8 * (e >> 1), band.col0 + nt * 8 + j)) pv = gv = 0.f;
       s[nt][e] = pv;
@@ -228,10 +233,12 @@ __device__ __forceinline__ void store_dkv_rows(T* dst, int64_t row_stride, int r
 // The producer as in bwd_ws_kernel (Q_i, dO_i; lse_i, D_i; K_j, V_j), except that the dQ warp frees a stage
 // (q_empty, one arrival) once its reductions have read dQ_i staged there, or at once in deterministic mode
 // (the consumers added dQ_i themselves). The consumers' barriers each iteration: G ready (warpgroup 0 to 1), dS^T
-// stored, both done with the stage.
-template <class T, int kHeadDim, bool kDropout>
+// stored, both done with the stage. kDropout, kAlibi: the instances for dropout and for ALiBi (p.alibi_slopes;
+// sm90 does not take both), each in a translation unit of its own, so that the plain kernel's code stays as it is.
+template <class T, int kHeadDim, bool kDropout, bool kAlibi>
 __global__ void __launch_bounds__(384, 1)
     bwd_wide_kernel(const sm80::BwdParams p, const __grid_constant__ BwdMaps maps, int ctas) {
+  static_assert(!(kDropout && kAlibi), "dropout with ALiBi runs the sm80 backward");
   using namespace sm80;
   using Tr = BwdWideTraits<T, kHeadDim>;
   using Work = BwdWork<Tr::kBlockM, Tr::kBlockN>;
@@ -405,9 +412,16 @@ __global__ void __launch_bounds__(384, 1)
       auto& tiles = reinterpret_cast<float(&)[Tr::kTiles][4]>(sp);
       if (wg == 0) {  // P^T, and G for warpgroup 1
         const BlockBand bb = block_band<kBlockM>(w.mask, seqlen_q, seq.seqlen_k, n0, w.n1, m0);
-        const BandMask band{key_row, 2 * t, bb.lo, bb.hi, seq.seqlen_k - n0, seqlen_q - m0};
-        if (bb.need_mask || p.softcap > 0.f) probs_part<true>(tiles, g_frag, sm.lse(buf) + 2 * t, p, band, bb.need_mask);
-        else probs_part<false>(tiles, g_frag, sm.lse(buf) + 2 * t, p, band, false);
+        BandMask band{key_row, 2 * t, bb.lo, bb.hi, seq.seqlen_k - n0, seqlen_q - m0};
+        if constexpr (kAlibi) {  // the slope of (sequence, query head), the block's diagonal; every block general
+          band.alibi_slope_log2 = p.alibi_slopes[w.task.b * p.alibi_slopes_batch_stride + cur.h] * kLog2e;
+          band.alibi_diag = seq.seqlen_k - seqlen_q - (n0 - m0);
+          probs_part<true, Tr::kTiles, true>(tiles, g_frag, sm.lse(buf) + 2 * t, p, band, bb.need_mask);
+        } else if (bb.need_mask || p.softcap > 0.f) {
+          probs_part<true>(tiles, g_frag, sm.lse(buf) + 2 * t, p, band, bb.need_mask);
+        } else {
+          probs_part<false>(tiles, g_frag, sm.lse(buf) + 2 * t, p, band, false);
+        }
         named_barrier_arrive(kGReadyBarrier, Tr::kConsumerThreads);
         if constexpr (kDropout) dropout_p<Tr::kTiles>(tiles, keep);
       } else {  // dS^T
