@@ -38,3 +38,13 @@ run_gpu_tests() {  # filter timeout
   grep -h -E -A12 "Failure" "$OUT"/tests-*.log | head -40
   cat "$OUT"/tests-*.log >"$OUT/tests.log" && rm "$OUT"/tests-*.log  # one file back ($OUT: 8 at most)
 }
+# The GPU tests of a gtest filter (none: nothing runs) under compute-sanitizer memcheck and synccheck, each under
+# a timeout (s), logged to $OUT/sanitize-<tool>.log.
+run_sanitize() {  # filter timeout
+  local tool
+  for tool in ${1:+memcheck synccheck}; do
+    timeout "$2" compute-sanitizer --tool $tool --error-exitcode 9 build/tests/flashattn_cuda_tests \
+      --gtest_brief=1 --gtest_filter="$1" >"$OUT/sanitize-$tool.log" 2>&1
+    echo "$tool rc=$? ($((SECONDS - t0)) s)"; tail -n 3 "$OUT/sanitize-$tool.log"
+  done
+}

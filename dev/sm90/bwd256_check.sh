@@ -17,11 +17,7 @@ cat "$OUT/spills.txt"
 (cd "$OUT" && tar czf builds.tgz cmake-*.log build-*.log && rm cmake-*.log build-*.log)  # 8 files come back
 run_gpu_tests "${TESTS:-*Sm90Backward*d256*:*Sm90Backward*d200*:*Sm90Backward*d232*}" "${TEST_TIMEOUT:-240}"
 # SANITIZE: a gtest filter run under compute-sanitizer memcheck and synccheck (SANITIZE_TIMEOUT s each).
-for tool in ${SANITIZE:+memcheck synccheck}; do
-  timeout "${SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool $tool --error-exitcode 9 build/tests/flashattn_cuda_tests \
-    --gtest_brief=1 --gtest_filter="$SANITIZE" >"$OUT/sanitize-$tool.log" 2>&1
-  echo "$tool rc=$? ($((SECONDS - t0)) s)"; tail -n 3 "$OUT/sanitize-$tool.log"
-done
+run_sanitize "${SANITIZE:-}" "${SANITIZE_TIMEOUT:-120}"
 [ "${AB:-1}" = 1 ] || exit 0
 SHAPES=${SHAPES:-"256,0,1024;256,0,4096;256,0,16384;256,1,1024;256,1,4096;256,1,16384"}
 LIBS=${LIBS:-"sm80@flashattn-sm80=build/libflashattn.so,sm90@flashattn-sm90=build/libflashattn.so"}

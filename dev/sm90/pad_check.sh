@@ -32,11 +32,7 @@ grep -h "spill" "$OUT/build-new.log" | grep -i "sm90" | sort | uniq | head -30 >
 run_gpu_tests "${TESTS:-*Sm90Forward*:*Sm90Dispatch*}" "${TEST_TIMEOUT:-240}"
 echo "tests done: $((SECONDS - t0)) s"
 # SANITIZE: a gtest filter run under compute-sanitizer memcheck and synccheck (SANITIZE_TIMEOUT s each).
-for tool in ${SANITIZE:+memcheck synccheck}; do
-  timeout "${SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool $tool --error-exitcode 9 build/tests/flashattn_cuda_tests \
-    --gtest_brief=1 --gtest_filter="$SANITIZE" >"$OUT/sanitize-$tool.log" 2>&1
-  echo "$tool rc=$? ($((SECONDS - t0)) s)"; tail -n 3 "$OUT/sanitize-$tool.log"
-done
+run_sanitize "${SANITIZE:-}" "${SANITIZE_TIMEOUT:-120}"
 [ "${AB:-1}" = 1 ] || exit 0
 lib=build/libflashattn.so
 ab() { timeout "${AB_TIMEOUT:-150}" python3 "$@" 2>&1 | grep --line-buffered -v -i warn; }

@@ -43,31 +43,42 @@
 
 namespace flashattn::cuda::sm90 {
 
+// What the traits of both Hopper backward kernels (bwd_ws_kernel here, bwd_wide_kernel) share: the config's
+// tiles, two consumer warpgroups and a producer warpgroup of four warps, each one job: Q, dO (by TMA from lane
+// 0, or cp.async where TMA cannot); lse, D; the dQ reductions (lane 0); K, V (likewise). setmaxnreg moves
+// registers to the consumers within the 168 a thread of the launch (the config's producer_regs). The shared
+// tiles are panels of 64 columns in the 128-byte swizzled layout.
 template <class T, int kHeadDim>
-struct BwdTraits {
+struct BwdTraitsBase {
   static constexpr sm80::Sm90BwdConfig kConfig = sm80::sm90_bwd_config(kHeadDim);
   static constexpr int kBlockM = kConfig.block_m, kBlockN = kConfig.block_n;
-  static_assert(kConfig.wide == 0 && kBlockN == 128, "two warpgroups of 64 keys");
   static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  // The consumers (the products, the softmax gradient, dQ staged) and a producer warpgroup of four warps,
-  // each one job: Q, dO (by TMA from lane 0, or cp.async where TMA cannot); lse, D; the dQ reductions (lane
-  // 0); K, V (likewise). setmaxnreg moves registers to the consumers within the 168 a thread of the launch
-  // (the config's producer_regs; ptxas -v): head_dim 128 at 40 + 2 x 232 spills 44 bytes, loads 56 (in the
-  // SASS the consumers' key_row and t, reloaded 4 times a q-block; at 48 + 2 x 224 the consumers spill in the
-  // products and the kernel read 0.7 of its speed; at 24 + 2 x 240 it read 0.95-0.97); head_dim 64 at 24 +
-  // 2 x 240 272 / 288 (at 40 + 2 x 232 136 / 160, and 1-7% slower: session 59).
   static constexpr int kConsumerThreads = 256, kThreads = 384;
   static constexpr int kProducerRegs = kConfig.producer_regs;
   static constexpr int kConsumerRegs = (168 * 384 - kProducerRegs * 128) / kConsumerThreads / 8 * 8;
-  // dQ_i (block_m x head_dim): warpgroups kDqWgM over the rows (64 each) x the rest over head_dim.
-  static constexpr int kDqWgM = kBlockM / 64, kDqN = kHeadDim / (2 / kDqWgM), kHeadDimSteps = kHeadDim / 16;
-  static constexpr int kDim = kHeadDim;  // for the steps below, templated on the traits
-  static_assert(kBlockM % 64 == 0 && kBlockM <= 128 && kHeadDim % 64 == 0 && kDqN % 64 == 0,
-                "tiles of whole 64-column panels (128-byte rows)");
+  static constexpr int kDim = kHeadDim, kHeadDimSteps = kHeadDim / 16;
   using TileKV = sm80::SmemTile<kBlockN, kHeadDim>;  // K_j, V_j: panels of [block_n][64]
   using TileQ = sm80::SmemTile<kBlockM, kHeadDim>;   // Q_i, dO_i: panels of [block_m][64]
   using TileDs = sm80::SmemTile<kBlockN, kBlockM>;   // dS^T: panels of [block_n][64 queries]
   static constexpr uint32_t kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128, kDsPanel = kBlockN * 128;
+  static_assert(TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDs::kBytes % 1024 == 0,
+                "every tile starts on a 1024-byte swizzle atom");
+};
+
+// bwd_ws_kernel's. Registers (ptxas -v): head_dim 128 at 40 + 2 x 232 spills 44 bytes, loads 56 (in the SASS the
+// consumers' key_row and t, reloaded 4 times a q-block; at 48 + 2 x 224 the consumers spill in the products and
+// the kernel read 0.7 of its speed; at 24 + 2 x 240 it read 0.95-0.97); head_dim 64 at 24 + 2 x 240 272 / 288
+// (at 40 + 2 x 232 136 / 160, and 1-7% slower: session 59).
+template <class T, int kHeadDim>
+struct BwdTraits : BwdTraitsBase<T, kHeadDim> {
+  using Base = BwdTraitsBase<T, kHeadDim>;
+  using typename Base::TileDs, typename Base::TileKV, typename Base::TileQ;
+  using Base::kBlockM, Base::kBlockN, Base::kConfig;
+  static_assert(kConfig.wide == 0 && kBlockN == 128, "two warpgroups of 64 keys");
+  // dQ_i (block_m x head_dim): warpgroups kDqWgM over the rows (64 each) x the rest over head_dim.
+  static constexpr int kDqWgM = kBlockM / 64, kDqN = kHeadDim / (2 / kDqWgM);
+  static_assert(kBlockM % 64 == 0 && kBlockM <= 128 && kHeadDim % 64 == 0 && kDqN % 64 == 0,
+                "tiles of whole 64-column panels (128-byte rows)");
   // K, V, 2 x (Q, dO), 2 x dS^T (iteration it's dQ reads its buffer while the other warpgroup may store
   // it + 1's; the mid barrier of it + 1 orders the reuse at it + 2), 2 x (lse, D), then
   // dq_stages fp32 dQ staging tiles [block_m][head_dim] in the accumulator's layout (sm80::dq_swizzle),
@@ -79,8 +90,6 @@ struct BwdTraits {
   static constexpr int kSmemBytes = 2 * TileKV::kBytes + 4 * TileQ::kBytes + kDsBufs * TileDs::kBytes +
                                     4 * kBlockM * 4 + kDqStages * kDqTileFloats * 4 + kBarriers * 8;
   static_assert(kSmemBytes <= 227 * 1024, "the H100's shared memory");
-  static_assert(TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDs::kBytes % 1024 == 0,
-                "every tile starts on a 1024-byte swizzle atom");
 };
 
 // Q and dO as 4D tensor maps (head_dim, rows, heads, batch; boxes of 64 columns x block_m rows, 128-byte
@@ -482,6 +491,111 @@ __device__ __forceinline__ void warp_load_tile(T* smem, const T* gmem, int64_t r
 }
 
 // ---------------------------------------------------------------------------------------------
+// The producer warpgroup's loads, one warp each, shared by bwd_ws_kernel and bwd_wide_kernel (Smem: their
+// shared-memory views). Each role runs the CTA's tasks blockIdx.x, + gridDim.x, .. < ctas (one, unless the grid
+// is persistent) and counts its q-blocks or tasks over them, so the mbarriers' phases run on from task to task.
+
+// Q_j, dO_j into buffer j % 2 (the j-th q-block of the CTA) once q_empty[j % 2] has completed its (j / 2 - 1)-th
+// phase: by TMA from lane 0, or by cp.async from the warp's lanes.
+template <class T, class Tr, class Smem>
+__device__ __forceinline__ void produce_q_do(const sm80::BwdParams& p, const BwdMaps& maps, const Smem& sm,
+                                             uint64_t* q_full, uint64_t* q_empty, int ctas, int lane, bool tma) {
+  using Work = BwdWork<Tr::kBlockM, Tr::kBlockN>;
+  int j = 0;  // the CTA's q-blocks so far: buffer j % 2, its (j / 2)-th load
+  for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
+    const Work w(p, cta);
+    const sm80::BwdSeq& seq = w.seq;
+    if (w.n0 >= seq.seqlen_k) continue;
+    QBlockCursor load = w.first;
+    for (int it = 0; it < w.num_iters; ++it, ++j, load.advance()) {
+      const int buf = j & 1, m0 = load.m_block * Tr::kBlockM;
+      if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
+      if (tma) {
+        if (lane == 0)
+          tma_load_q_block<T, Tr>(maps, &q_full[buf], sm.q(buf), sm.dout(buf), seq, load.h, load.m_block);
+        else
+          mbar_arrive(&q_full[buf]);
+        continue;
+      }
+      const T* q_tile = static_cast<const T*>(p.q) +
+                        sm80::bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, load.h);
+      warp_load_tile<T, Tr::kBlockM, Tr::kDim>(sm.q(buf), q_tile, p.q_row_stride, seq.seqlen_q - m0, p, lane);
+      const T* do_tile = static_cast<const T*>(p.dout) + sm80::bwd_offset(seq, seq.q_start, p.do_batch_stride,
+                                                                          p.do_row_stride, p.do_head_stride, m0, load.h);
+      warp_load_tile<T, Tr::kBlockM, Tr::kDim>(sm.dout(buf), do_tile, p.do_row_stride, seq.seqlen_q - m0, p, lane);
+      sm80::cp_async_commit();
+      sm80::cp_async_wait<0>();
+      sm80::fence_proxy_async_shared();  // Q_j, dO_j written by the generic proxy, read by the tensor cores
+      mbar_arrive(&q_full[buf]);
+    }
+  }
+}
+
+// lse_j, D_j into buffer j % 2 likewise (rows past the sequence read as 0).
+template <class Tr, class Smem>
+__device__ __forceinline__ void produce_lse_d(const sm80::BwdParams& p, const Smem& sm, uint64_t* q_full,
+                                              uint64_t* q_empty, int ctas, int lane) {
+  using Work = BwdWork<Tr::kBlockM, Tr::kBlockN>;
+  int j = 0;
+  for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
+    const Work w(p, cta);
+    const sm80::BwdSeq& seq = w.seq;
+    if (w.n0 >= seq.seqlen_k) continue;
+    QBlockCursor load = w.first;
+    const float *lse_head = nullptr, *d_head = nullptr;
+    for (int it = 0; it < w.num_iters; ++it, ++j) {
+      const int buf = j & 1, m0 = load.m_block * Tr::kBlockM;
+      if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
+      if (it == 0 || load.m_block == load.i_begin) {  // a new query head: its rows of lse and D
+        lse_head = p.lse + sm80::lse_row0(p, seq, load.h);
+        d_head = p.d_sum + int64_t(load.h) * p.rows_q + seq.ws_row;
+      }
+#pragma unroll
+      for (int r = lane; r < Tr::kBlockM; r += 32) {
+        const bool valid = m0 + r < seq.seqlen_q;
+        sm.lse(buf)[r] = valid ? lse_head[m0 + r] : 0.f;
+        sm.d(buf)[r] = valid ? d_head[m0 + r] : 0.f;
+      }
+      mbar_arrive(&q_full[buf]);
+      load.advance();
+    }
+  }
+}
+
+// Each task's K, V once the consumers are done with the last task's (kv_empty), by TMA from lane 0 or by the
+// warp's cp.async (rows past the sequence zero-filled).
+template <class T, class Tr, class Smem>
+__device__ __forceinline__ void produce_kv(const sm80::BwdParams& p, const BwdMaps& maps, const Smem& sm,
+                                           uint64_t* kv_full, uint64_t* kv_empty, int ctas, int lane, bool tma) {
+  using Work = BwdWork<Tr::kBlockM, Tr::kBlockN>;
+  int n = 0;  // the CTA's tasks so far
+  for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
+    const Work w(p, cta);
+    const sm80::BwdSeq& seq = w.seq;
+    if (w.n0 >= seq.seqlen_k) continue;
+    if (n >= 1) mbar_wait(kv_empty, (n - 1) & 1);
+    if (tma) {
+      if (lane == 0)
+        tma_load_kv_block<T, Tr>(maps, kv_full, sm.k(), sm.v(), seq, w.n0, w.task.head_kv);
+      else
+        mbar_arrive(kv_full);
+    } else {
+      const T* k_tile = static_cast<const T*>(p.k) + sm80::bwd_offset(seq, seq.k_start, p.k_batch_stride,
+                                                                      p.k_row_stride, p.k_head_stride, w.n0, w.task.head_kv);
+      const T* v_tile = static_cast<const T*>(p.v) + sm80::bwd_offset(seq, seq.k_start, p.v_batch_stride,
+                                                                      p.v_row_stride, p.v_head_stride, w.n0, w.task.head_kv);
+      warp_load_tile<T, Tr::kBlockN, Tr::kDim>(sm.k(), k_tile, p.k_row_stride, seq.seqlen_k - w.n0, p, lane);
+      warp_load_tile<T, Tr::kBlockN, Tr::kDim>(sm.v(), v_tile, p.v_row_stride, seq.seqlen_k - w.n0, p, lane);
+      sm80::cp_async_commit();
+      sm80::cp_async_wait<0>();
+      sm80::fence_proxy_async_shared();  // K, V written by the generic proxy, read by the tensor cores
+      mbar_arrive(kv_full);
+    }
+    ++n;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The producer schedule: warpgroup 2 loads iteration j's q-block once the consumers are done with j - 2
 // (q_full, q_empty) and, from another warp, adds dQ_i once staged (dq_full, dq_empty): a q-block's load never
 // waits for a reduction's reads. The consumers' only barrier is the one before dQ.
@@ -528,60 +642,10 @@ __global__ void __launch_bounds__(384, 1)
 
   if (wg == 2) {  // the producer
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (warp_in_wg == 0) {  // Q_j, dO_j: by TMA from lane 0, or by cp.async from the warp's lanes
-      int j = 0;  // the CTA's q-blocks so far: buffer j % 2, its (j / 2)-th load
-      for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
-        const Work w(p, cta);
-        const BwdSeq& seq = w.seq;
-        if (w.n0 >= seq.seqlen_k) continue;
-        QBlockCursor load = w.first;
-        for (int it = 0; it < w.num_iters; ++it, ++j, load.advance()) {
-          const int buf = j & 1, m0 = load.m_block * kBlockM;
-          if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
-          if (tma) {
-            if (lane == 0)
-              tma_load_q_block<T, Tr>(maps, &q_full[buf], sm.q(buf), sm.dout(buf), seq, load.h, load.m_block);
-            else
-              mbar_arrive(&q_full[buf]);
-            continue;
-          }
-          const T* q_tile = static_cast<const T*>(p.q) +
-                            bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, load.h);
-          warp_load_tile<T, kBlockM, kHeadDim>(sm.q(buf), q_tile, p.q_row_stride, seq.seqlen_q - m0, p, lane);
-          const T* do_tile = static_cast<const T*>(p.dout) + bwd_offset(seq, seq.q_start, p.do_batch_stride,
-                                                                        p.do_row_stride, p.do_head_stride, m0, load.h);
-          warp_load_tile<T, kBlockM, kHeadDim>(sm.dout(buf), do_tile, p.do_row_stride, seq.seqlen_q - m0, p, lane);
-          cp_async_commit();
-          cp_async_wait<0>();
-          fence_proxy_async_shared();  // Q_j, dO_j written by the generic proxy, read by the tensor cores
-          mbar_arrive(&q_full[buf]);
-        }
-      }
-    } else if (warp_in_wg == 1) {  // lse_j, D_j (rows past the sequence read as 0)
-      int j = 0;
-      for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
-        const Work w(p, cta);
-        const BwdSeq& seq = w.seq;
-        if (w.n0 >= seq.seqlen_k) continue;
-        QBlockCursor load = w.first;
-        const float *lse_head = nullptr, *d_head = nullptr;
-        for (int it = 0; it < w.num_iters; ++it, ++j) {
-          const int buf = j & 1, m0 = load.m_block * kBlockM;
-          if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
-          if (it == 0 || load.m_block == load.i_begin) {  // a new query head: its rows of lse and D
-            lse_head = p.lse + lse_row0(p, seq, load.h);
-            d_head = p.d_sum + int64_t(load.h) * p.rows_q + seq.ws_row;
-          }
-#pragma unroll
-          for (int r = lane; r < kBlockM; r += 32) {
-            const bool valid = m0 + r < seq.seqlen_q;
-            sm.lse(buf)[r] = valid ? lse_head[m0 + r] : 0.f;
-            sm.d(buf)[r] = valid ? d_head[m0 + r] : 0.f;
-          }
-          mbar_arrive(&q_full[buf]);
-          load.advance();
-        }
-      }
+    if (warp_in_wg == 0) {
+      produce_q_do<T, Tr>(p, maps, sm, q_full, q_empty, ctas, lane, tma);
+    } else if (warp_in_wg == 1) {
+      produce_lse_d<Tr>(p, sm, q_full, q_empty, ctas, lane);
     } else if (warp_in_wg == 2 && lane == 0) {  // dQ_i added once staged (a warp of its own: no load waits on it)
       if (bulk_dq) {
         int i = 0;  // the CTA's q-blocks so far
@@ -601,32 +665,8 @@ __global__ void __launch_bounds__(384, 1)
         }
         bulk_wait_read();  // shared memory must outlive the reads
       }
-    } else if (warp_in_wg == 3) {  // each task's K, V once the consumers are done with the last task's
-      int n = 0;  // the CTA's tasks so far
-      for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
-        const Work w(p, cta);
-        const BwdSeq& seq = w.seq;
-        if (w.n0 >= seq.seqlen_k) continue;
-        if (n >= 1) mbar_wait(kv_empty, (n - 1) & 1);
-        if (tma) {
-          if (lane == 0)
-            tma_load_kv_block<T, Tr>(maps, kv_full, sm.k(), sm.v(), seq, w.n0, w.task.head_kv);
-          else
-            mbar_arrive(kv_full);
-        } else {  // cp.async from the warp's lanes, rows past the sequence zero-filled
-          const T* k_tile = static_cast<const T*>(p.k) + bwd_offset(seq, seq.k_start, p.k_batch_stride,
-                                                                    p.k_row_stride, p.k_head_stride, w.n0, w.task.head_kv);
-          const T* v_tile = static_cast<const T*>(p.v) + bwd_offset(seq, seq.k_start, p.v_batch_stride,
-                                                                    p.v_row_stride, p.v_head_stride, w.n0, w.task.head_kv);
-          warp_load_tile<T, Tr::kBlockN, kHeadDim>(sm.k(), k_tile, p.k_row_stride, seq.seqlen_k - w.n0, p, lane);
-          warp_load_tile<T, Tr::kBlockN, kHeadDim>(sm.v(), v_tile, p.v_row_stride, seq.seqlen_k - w.n0, p, lane);
-          cp_async_commit();
-          cp_async_wait<0>();
-          fence_proxy_async_shared();  // K, V written by the generic proxy, read by the tensor cores
-          mbar_arrive(kv_full);
-        }
-        ++n;
-      }
+    } else if (warp_in_wg == 3) {
+      produce_kv<T, Tr>(p, maps, sm, kv_full, kv_empty, ctas, lane, tma);
     }
     return;
   }

@@ -35,24 +35,16 @@
 namespace flashattn::cuda::sm90 {
 
 template <class T, int kHeadDim>
-struct BwdWideTraits {
-  static constexpr sm80::Sm90BwdConfig kConfig = sm80::sm90_bwd_config(kHeadDim);
-  static constexpr int kBlockM = kConfig.block_m, kBlockN = kConfig.block_n;
+struct BwdWideTraits : BwdTraitsBase<T, kHeadDim> {
+  using Base = BwdTraitsBase<T, kHeadDim>;
+  using typename Base::TileDs, typename Base::TileKV, typename Base::TileQ;
+  using Base::kBlockM, Base::kBlockN, Base::kConfig;
   static_assert(kConfig.wide == 1 && kBlockM == 64 && kBlockN == 64, "one 64 x 64 accumulator a warpgroup");
-  static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  static constexpr int kConsumerThreads = 256, kThreads = 384;
-  static constexpr int kProducerRegs = kConfig.producer_regs;
-  static constexpr int kConsumerRegs = (168 * 384 - kProducerRegs * 128) / kConsumerThreads / 8 * 8;
-  static constexpr int kDim = kHeadDim, kHeadDimSteps = kHeadDim / 16;
   // dQ_i's columns: warpgroup 0 the first kDqN0, warpgroup 1 the other kDqN1 (whole 64-column panels: a wgmma
   // operand cannot start inside a swizzled row; 128 + 64 at head_dim 192).
   static constexpr int kDqN0 = 128, kDqN1 = kHeadDim - kDqN0;
   static constexpr int kTiles = kBlockM / 8;     // n8 tiles of a thread's S^T or dP^T fragment
   static_assert(kHeadDim % 64 == 0 && kDqN1 > 0 && kDqN1 <= kDqN0, "head_dim 192 or 256");
-  using TileKV = sm80::SmemTile<kBlockN, kHeadDim>;  // K_j, V_j: panels of [64 keys][64]
-  using TileQ = sm80::SmemTile<kBlockM, kHeadDim>;   // Q_i, dO_i: panels of [64 queries][64]
-  using TileDs = sm80::SmemTile<kBlockN, kBlockM>;   // dS^T: one panel [64 keys][64 queries]
-  static constexpr uint32_t kKVPanel = kBlockN * 128, kQPanel = kBlockM * 128, kDsPanel = kBlockN * 128;
   // A stage: Q_i then dO_i; after the products, dQ_i's fp32 staging tile [block_m][head_dim] in the
   // accumulator's layout (sm80::dq_swizzle), added by 16 bulk reductions of 4 rows.
   static constexpr int kStageBytes = 2 * TileQ::kBytes, kDqBulkOps = 16;
@@ -63,8 +55,6 @@ struct BwdWideTraits {
   static constexpr int kSmemBytes =
       2 * TileKV::kBytes + 2 * kStageBytes + TileDs::kBytes + kGBytes + 4 * kBlockM * 4 + kBarriers * 8;
   static_assert(kSmemBytes <= 227 * 1024, "the H100's shared memory");
-  static_assert(TileKV::kBytes % 1024 == 0 && TileQ::kBytes % 1024 == 0 && TileDs::kBytes % 1024 == 0,
-                "every tile starts on a 1024-byte swizzle atom");
 };
 
 // The shared memory of BwdWideTraits: each region at its offset from the base.
@@ -270,60 +260,10 @@ __global__ void __launch_bounds__(384, 1)
 
   if (wg == 2) {  // the producer
     setmaxnreg_dec<Tr::kProducerRegs>();
-    if (warp_in_wg == 0) {  // Q_j, dO_j into stage j % 2 once dQ_{j-2} staged there is read
-      int j = 0;
-      for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
-        const Work w(p, cta);
-        const BwdSeq& seq = w.seq;
-        if (w.n0 >= seq.seqlen_k) continue;
-        QBlockCursor load = w.first;
-        for (int it = 0; it < w.num_iters; ++it, ++j, load.advance()) {
-          const int buf = j & 1, m0 = load.m_block * kBlockM;
-          if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
-          if (tma) {
-            if (lane == 0)
-              tma_load_q_block<T, Tr>(maps, &q_full[buf], sm.q(buf), sm.dout(buf), seq, load.h, load.m_block);
-            else
-              mbar_arrive(&q_full[buf]);
-            continue;
-          }
-          const T* q_tile = static_cast<const T*>(p.q) +
-                            bwd_offset(seq, seq.q_start, p.q_batch_stride, p.q_row_stride, p.q_head_stride, m0, load.h);
-          warp_load_tile<T, kBlockM, kHeadDim>(sm.q(buf), q_tile, p.q_row_stride, seq.seqlen_q - m0, p, lane);
-          const T* do_tile = static_cast<const T*>(p.dout) + bwd_offset(seq, seq.q_start, p.do_batch_stride,
-                                                                        p.do_row_stride, p.do_head_stride, m0, load.h);
-          warp_load_tile<T, kBlockM, kHeadDim>(sm.dout(buf), do_tile, p.do_row_stride, seq.seqlen_q - m0, p, lane);
-          cp_async_commit();
-          cp_async_wait<0>();
-          fence_proxy_async_shared();
-          mbar_arrive(&q_full[buf]);
-        }
-      }
-    } else if (warp_in_wg == 1) {  // lse_j, D_j (rows past the sequence read as 0)
-      int j = 0;
-      for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
-        const Work w(p, cta);
-        const BwdSeq& seq = w.seq;
-        if (w.n0 >= seq.seqlen_k) continue;
-        QBlockCursor load = w.first;
-        const float *lse_head = nullptr, *d_head = nullptr;
-        for (int it = 0; it < w.num_iters; ++it, ++j) {
-          const int buf = j & 1, m0 = load.m_block * kBlockM;
-          if (j >= 2) mbar_wait(&q_empty[buf], ((j >> 1) - 1) & 1);
-          if (it == 0 || load.m_block == load.i_begin) {
-            lse_head = p.lse + lse_row0(p, seq, load.h);
-            d_head = p.d_sum + int64_t(load.h) * p.rows_q + seq.ws_row;
-          }
-#pragma unroll
-          for (int r = lane; r < kBlockM; r += 32) {
-            const bool valid = m0 + r < seq.seqlen_q;
-            sm.lse(buf)[r] = valid ? lse_head[m0 + r] : 0.f;
-            sm.d(buf)[r] = valid ? d_head[m0 + r] : 0.f;
-          }
-          mbar_arrive(&q_full[buf]);
-          load.advance();
-        }
-      }
+    if (warp_in_wg == 0) {  // Q_j, dO_j into stage j % 2 once dQ_{j-2} staged there has been read
+      produce_q_do<T, Tr>(p, maps, sm, q_full, q_empty, ctas, lane, tma);
+    } else if (warp_in_wg == 1) {
+      produce_lse_d<Tr>(p, sm, q_full, q_empty, ctas, lane);
     } else if (warp_in_wg == 2 && lane == 0) {  // dQ_i added from its stage, then the stage freed
       int i = 0;
       for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
@@ -342,32 +282,8 @@ __global__ void __launch_bounds__(384, 1)
           mbar_arrive(&q_empty[buf]);
         }
       }
-    } else if (warp_in_wg == 3) {  // each task's K, V once the consumers are done with the last task's
-      int n = 0;
-      for (int cta = blockIdx.x; cta < ctas; cta += gridDim.x) {
-        const Work w(p, cta);
-        const BwdSeq& seq = w.seq;
-        if (w.n0 >= seq.seqlen_k) continue;
-        if (n >= 1) mbar_wait(kv_empty, (n - 1) & 1);
-        if (tma) {
-          if (lane == 0)
-            tma_load_kv_block<T, Tr>(maps, kv_full, sm.k(), sm.v(), seq, w.n0, w.task.head_kv);
-          else
-            mbar_arrive(kv_full);
-        } else {
-          const T* k_tile = static_cast<const T*>(p.k) + bwd_offset(seq, seq.k_start, p.k_batch_stride,
-                                                                    p.k_row_stride, p.k_head_stride, w.n0, w.task.head_kv);
-          const T* v_tile = static_cast<const T*>(p.v) + bwd_offset(seq, seq.k_start, p.v_batch_stride,
-                                                                    p.v_row_stride, p.v_head_stride, w.n0, w.task.head_kv);
-          warp_load_tile<T, Tr::kBlockN, kHeadDim>(sm.k(), k_tile, p.k_row_stride, seq.seqlen_k - w.n0, p, lane);
-          warp_load_tile<T, Tr::kBlockN, kHeadDim>(sm.v(), v_tile, p.v_row_stride, seq.seqlen_k - w.n0, p, lane);
-          cp_async_commit();
-          cp_async_wait<0>();
-          fence_proxy_async_shared();
-          mbar_arrive(kv_full);
-        }
-        ++n;
-      }
+    } else if (warp_in_wg == 3) {
+      produce_kv<T, Tr>(p, maps, sm, kv_full, kv_empty, ctas, lane, tma);
     }
     return;
   }
