@@ -160,10 +160,6 @@ Status backward(const fa_params& p, bool hopper) {
   if (w.kernel_head_dim == 0 && hopper)
     return unsupported("flashattn-sm90 backward: head_dim %d: it takes 33..256 (flashattn-sm80 1..256)", p.head_dim);
   if (w.kernel_head_dim == 0) return unsupported("%s backward: head_dim %d exceeds 256", name, p.head_dim);
-  if (hopper && p.alibi_slopes && !hopper_alibi(p))
-    return unsupported("flashattn-sm90 backward: ALiBi at head_dim %d (it takes ALiBi from 129 on)", p.head_dim);
-  if (hopper && p.alibi_slopes && p.dropout_p > 0.f)
-    return unsupported("flashattn-sm90 backward: ALiBi with dropout (flashattn-sm80 takes both)");
   const RunBwd run = find_bwd(p, hopper);
   if (!run)
     return unsupported("%s backward: head_dim %d (kernel %d) was not built (FLASHATTN_CUDA_HEAD_DIMS)", name,

@@ -224,25 +224,28 @@ struct BwdWork {
 // ---------------------------------------------------------------------------------------------
 // The steps of an iteration, each a warpgroup's share (the kernels below call them in order).
 
+// acc (64 x block_m) = A B^T over head_dim, issued: A, 64 keys of K or V, and B, Q_i or dO_i, K-major in shared
+// memory (k16 step kk: panel kk / 4, 32 bytes kk % 4 into its 128-byte rows). The caller fences and commits.
+template <class Tr>
+__device__ __forceinline__ void kmajor_product(float (&acc)[Tr::kBlockM / 2], const SmemDesc& a, const SmemDesc& b) {
+  using Mma = Wgmma<Tr::kBlockM, Tr::kBf16>;
+#pragma unroll
+  for (int kk = 0; kk < Tr::kHeadDimSteps; ++kk) {
+    const uint32_t off = (kk / 4) * Tr::kKVPanel + (kk % 4) * 32, qoff = (kk / 4) * Tr::kQPanel + (kk % 4) * 32;
+    Mma::template ss<0>(acc, a.at(off), b.at(qoff), kk > 0);
+  }
+}
+
 // S^T = K_w Q_i^T and dP^T = V_w dO_i^T issued (two wgmma groups); k, v: this warpgroup's keys.
 template <class Tr>
 __device__ __forceinline__ void issue_s_dp(float (&s)[Tr::kBlockM / 2], float (&dp)[Tr::kBlockM / 2], uint32_t k,
                                            uint32_t v, uint32_t q, uint32_t dout) {
-  using MmaS = Wgmma<Tr::kBlockM, Tr::kBf16>;  // 64 x block_m
   const SmemDesc desc_k = kmajor_desc(k), desc_q = kmajor_desc(q);
   const SmemDesc desc_v = kmajor_desc(v), desc_do = kmajor_desc(dout);
   wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < Tr::kHeadDimSteps; ++kk) {
-    const uint32_t off = (kk / 4) * Tr::kKVPanel + (kk % 4) * 32, qoff = (kk / 4) * Tr::kQPanel + (kk % 4) * 32;
-    MmaS::template ss<0>(s, desc_k.at(off), desc_q.at(qoff), kk > 0);
-  }
+  kmajor_product<Tr>(s, desc_k, desc_q);
   wgmma_commit();
-#pragma unroll
-  for (int kk = 0; kk < Tr::kHeadDimSteps; ++kk) {
-    const uint32_t off = (kk / 4) * Tr::kKVPanel + (kk % 4) * 32, qoff = (kk / 4) * Tr::kQPanel + (kk % 4) * 32;
-    MmaS::template ss<0>(dp, desc_v.at(off), desc_do.at(qoff), kk > 0);
-  }
+  kmajor_product<Tr>(dp, desc_v, desc_do);
   wgmma_commit();
 }
 

@@ -65,19 +65,18 @@ Status launch_bwd_main(const sm80::BwdParams& bp, cudaStream_t stream) {
   return {};
 }
 
+// ALiBi runs the wide kernel's instance, not with dropout (validate.cpp turns the other cases away first).
 template <class T, int kHeadDim>
 Status run_bwd(const sm80::BwdParams& bp, cudaStream_t stream, int32_t num_semaphores) {
+  constexpr bool kAlibi = kWideBwd<kHeadDim>;
+  if (bp.alibi_slopes && (!kAlibi || bp.dropout.on()))
+    return unsupported("flashattn-sm90 backward: ALiBi at head_dim %d%s (it takes ALiBi from 129 on, without dropout)",
+                       bp.head_dim, bp.dropout.on() ? " with dropout" : "");
   FA_RETURN_IF_ERROR((sm80::launch_bwd_preprocess<T, kHeadDim>(bp, stream, num_semaphores)));
-  if (bp.seqlen_k > 0) {
-    if (bp.dropout.on()) {
-      FA_RETURN_IF_ERROR((launch_bwd_main<T, kHeadDim, true>(bp, stream)));
-    } else if (bp.alibi_slopes) {
-      if constexpr (!kWideBwd<kHeadDim>) return unsupported("flashattn-sm90 backward: ALiBi at head_dim %d", kHeadDim);
-      else FA_RETURN_IF_ERROR((launch_bwd_main<T, kHeadDim, false, true>(bp, stream)));
-    } else {
-      FA_RETURN_IF_ERROR((launch_bwd_main<T, kHeadDim, false>(bp, stream)));
-    }
-  }
+  if (bp.seqlen_k > 0)
+    FA_RETURN_IF_ERROR((bp.dropout.on()   ? launch_bwd_main<T, kHeadDim, true>(bp, stream)
+                        : bp.alibi_slopes ? launch_bwd_main<T, kHeadDim, false, kAlibi>(bp, stream)
+                                          : launch_bwd_main<T, kHeadDim, false>(bp, stream)));
   return sm80::launch_bwd_convert_dq<T, kHeadDim>(bp, stream);
 }
 

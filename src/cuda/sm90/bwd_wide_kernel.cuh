@@ -83,17 +83,12 @@ struct BwdWideSmem {
 // dP^T on 3 (FLASHATTN_SM90_BWD_WIDE_ISSUE_ORDER). Neither runs ahead by an iteration: ConsumerSync follows both.
 constexpr int kGReadyBarrier = 2, kIssueOrderBarrier = 3;
 
-// acc (64 x 64) = A B^T over head_dim, A and B [64][head_dim] K-major in shared memory (S^T = K Q^T, dP^T = V dO^T).
+// S^T = K_j Q_i^T (warpgroup 0) or dP^T = V_j dO_i^T (1), 64 x 64, issued as one wgmma group.
 template <class Tr>
-__device__ __forceinline__ void issue_kmajor_64x64(float (&acc)[Tr::kBlockM / 2], uint32_t a, uint32_t b) {
-  using Mma = Wgmma<Tr::kBlockM, Tr::kBf16>;
-  const SmemDesc desc_a = kmajor_desc(a), desc_b = kmajor_desc(b);
+__device__ __forceinline__ void issue_s_or_dp(float (&acc)[Tr::kBlockM / 2], uint32_t kv, uint32_t q_or_dout) {
+  const SmemDesc desc_a = kmajor_desc(kv), desc_b = kmajor_desc(q_or_dout);
   wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < Tr::kHeadDimSteps; ++kk) {
-    const uint32_t off = (kk / 4) * Tr::kKVPanel + (kk % 4) * 32, boff = (kk / 4) * Tr::kQPanel + (kk % 4) * 32;
-    Mma::template ss<0>(acc, desc_a.at(off), desc_b.at(boff), kk > 0);
-  }
+  kmajor_product<Tr>(acc, desc_a, desc_b);
   wgmma_commit();
 }
 
@@ -318,7 +313,7 @@ __global__ void __launch_bounds__(384, 1)
       mbar_wait(&q_full[buf], (itg >> 1) & 1);
       float sp[kBlockM / 2];
       if (FLASHATTN_SM90_BWD_WIDE_ISSUE_ORDER && wg == 1) named_barrier_sync(kIssueOrderBarrier, Tr::kConsumerThreads);
-      issue_kmajor_64x64<Tr>(sp, opaque(a_kv), wg == 0 ? q_buf : do_buf);
+      issue_s_or_dp<Tr>(sp, opaque(a_kv), wg == 0 ? q_buf : do_buf);
       if (FLASHATTN_SM90_BWD_WIDE_ISSUE_ORDER && wg == 0) named_barrier_arrive(kIssueOrderBarrier, Tr::kConsumerThreads);
       uint32_t keep[kBlockM / 16];
       if constexpr (kDropout)
